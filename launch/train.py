@@ -1,0 +1,54 @@
+"""Hydra entry of the trainer: `python launch/train.py [overrides]`, `deepspeed launch/train.py`, `torchrun`.
+
+The deepspeed launcher appends `--local_rank=N`; Hydra would reject it, so it is moved into LOCAL_RANK first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+
+def _strip_local_rank(argv: list[str]) -> list[str]:
+    kept = []
+    for arg in argv:
+        if arg.startswith("--local_rank="):
+            os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1])
+        else:
+            kept.append(arg)
+    return kept
+
+
+sys.argv = _strip_local_rank(sys.argv)
+
+from vla_scale.config import register_configs, to_config  # noqa: E402
+
+register_configs()
+
+
+@hydra.main(config_path="../configs", config_name="config", version_base="1.3")
+def main(dict_cfg: DictConfig) -> float:
+    from vla_scale.trainer import Trainer
+
+    cfg = to_config(dict_cfg)
+    run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
+    trainer = Trainer(cfg, run_dir)
+    if trainer.rank == 0:
+        print(f"run directory: {run_dir}\ntensorboard:   tensorboard --logdir {os.path.join(run_dir, 'tb')}",
+              flush=True)
+    try:
+        metrics = trainer.train()
+    finally:
+        trainer.close()
+    if trainer.rank == 0:
+        print(f"run directory: {run_dir}")
+        print("train: steps={} eval_success_rate={:.3f}".format(cfg.steps, metrics["eval/success_rate"]), flush=True)
+    return metrics["eval/success_rate"]
+
+
+if __name__ == "__main__":
+    main()

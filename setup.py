@@ -1,0 +1,27 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="vla_scale",
+    version="0.1.0",
+    description="Reinforcement learning for Vision-Language-Action policies in simulation (GRPO, DeepSpeed, Ray).",
+    package_dir={"": "src"},
+    packages=find_packages("src"),
+    python_requires=">=3.11",
+    install_requires=[
+        "torch==2.13.0",
+        "transformers==5.24.0",
+        "tokenizers==0.23.3",
+        "safetensors==0.8.0",
+        "deepspeed==0.19.8",
+        "ray==2.60.0",
+        "hydra-core==1.3.8",
+        "omegaconf==2.3.1",
+        "tensorboard==2.21.0",
+        "mujoco==3.3.7",
+        "numpy==2.4.6",
+        "tqdm==4.70.1",
+        "ninja==1.13.2",
+        "imageio==2.38.1",
+    ],
+    extras_require={"dev": ["pytest==9.2.0", "pytest-timeout==2.4.0", "ruff==0.17.6"]},
+)

@@ -1,0 +1,251 @@
+"""GRPO math for outcome-rewarded VLA episodes: group advantages, dynamic-sampling filter, step mask, clipped loss.
+
+One RL step hands this module N episodes, n per task group (one ``uid`` per group), each with a 0/1 success reward.
+Every function is pure (no state, no I/O) and imports only torch, so the math can be checked by hand in unit tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+# Slack for group-mean comparisons: sums of non-binary rewards can land one rounding step off a bound.
+_BOUND_TOL = 1e-9
+
+
+def _group_index(uids: Sequence[Hashable] | Tensor, n: int, device: torch.device) -> tuple[Tensor, int]:
+    """Map each episode's uid to a dense group index in [0, G); members of a group need not be adjacent."""
+    if len(uids) != n:
+        raise ValueError(f"got {len(uids)} uids for {n} rewards")
+    if isinstance(uids, Tensor):
+        if uids.dim() != 1:
+            raise ValueError(f"uids must be 1-D, got shape {tuple(uids.shape)}")
+        _, index = torch.unique(uids, return_inverse=True)
+        index = index.to(device)
+    else:
+        first_seen: dict[Hashable, int] = {}
+        index = torch.tensor([first_seen.setdefault(u, len(first_seen)) for u in uids], dtype=torch.long, device=device)
+    n_groups = int(index.max()) + 1 if n > 0 else 0
+    return index, n_groups
+
+
+def _check_rewards(rewards: Tensor) -> None:
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
+
+
+def _group_sums(values: Tensor, index: Tensor, n_groups: int) -> Tensor:
+    """Per-group sum of a float64 vector."""
+    return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, index, values)
+
+
+def _group_means(rewards: Tensor, index: Tensor, n_groups: int) -> tuple[Tensor, Tensor]:
+    """Per-group (count, mean) in float64: a mean of k/n binary rewards is then exactly the correctly rounded k/n."""
+    r = rewards.detach().to(torch.float64)
+    counts = _group_sums(torch.ones_like(r), index, n_groups)
+    return counts, _group_sums(r, index, n_groups) / counts
+
+
+def group_advantages(rewards: Tensor, uids: Sequence[Hashable] | Tensor, eps: float = 1e-6) -> Tensor:
+    """GRPO advantage A_i = (r_i - mean_g) / (std_g + eps), with g the group (``uid``) of episode i.
+
+    std_g is the unbiased (Bessel-corrected, n-1) sample std, as in ``torch.std`` and in the GRPO implementations of
+    verl / SimpleVLA-RL, so learning rates and clip ranges tuned there carry over unchanged. Relative to the
+    population std, every advantage is smaller by the factor sqrt((n-1)/n) (0.935 for groups of n = 8).
+
+    A group carries no relative signal when all its rewards are equal (including a single-member group, whose
+    unbiased std is undefined): its advantages are exactly 0, not a rounding residue divided by eps.
+    Episodes of one group may sit anywhere in the batch. Returns [N] in the dtype of ``rewards`` (float32 if integer).
+    """
+    _check_rewards(rewards)
+    n = rewards.shape[0]
+    index, n_groups = _group_index(uids, n, rewards.device)
+    counts, means = _group_means(rewards, index, n_groups)
+    r = rewards.detach().to(torch.float64)
+    deviation = r - means[index]
+    sum_sq = _group_sums(deviation.square(), index, n_groups)
+    std = (sum_sq / (counts - 1).clamp(min=1)).sqrt()
+    advantages = deviation / (std[index] + eps)
+    group_max = torch.full((n_groups,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce_(0, index, r, "amax")
+    group_min = torch.full((n_groups,), torch.inf, dtype=r.dtype, device=r.device).scatter_reduce_(0, index, r, "amin")
+    no_signal = (counts < 2) | (group_max == group_min)
+    advantages = torch.where(no_signal[index], torch.zeros_like(advantages), advantages)
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    return advantages.to(out_dtype)
+
+
+def _group_keep(means: Tensor, low: float, high: float) -> Tensor:
+    """Per-group flag: low <= mean <= high (inclusive, up to _BOUND_TOL)."""
+    if not 0.0 <= low <= high <= 1.0:
+        raise ValueError(f"need 0 <= low <= high <= 1, got low={low}, high={high}")
+    return (means >= low - _BOUND_TOL) & (means <= high + _BOUND_TOL)
+
+
+def group_success_filter(
+    rewards: Tensor, uids: Sequence[Hashable] | Tensor, low: float = 0.1, high: float = 0.9
+) -> Tensor:
+    """Dynamic sampling: keep[i] = low <= mean_{g(i)}(r) <= high, both bounds inclusive; returns bool [N].
+
+    A group whose episodes all fail (mean 0) or all succeed (mean 1) has all-zero GRPO advantages, so it only dilutes
+    the token-mean loss; groups near those extremes are dropped as well with the default [0.1, 0.9]. The mean of k/n
+    binary rewards is computed in float64, so e.g. 1 success out of 10 equals the bound 0.1 and is kept.
+    """
+    _check_rewards(rewards)
+    index, n_groups = _group_index(uids, rewards.shape[0], rewards.device)
+    _, means = _group_means(rewards, index, n_groups)
+    return _group_keep(means, low, high)[index]
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """How many groups the dynamic-sampling filter kept and why the others were dropped."""
+
+    n_groups: int
+    n_kept: int
+    n_too_hard: int  # group mean < low (e.g. every episode failed)
+    n_too_easy: int  # group mean > high (e.g. every episode succeeded)
+    n_episodes_kept: int
+    mean_reward: float  # over all episodes, kept or not
+
+
+def summarize_groups(
+    rewards: Tensor, uids: Sequence[Hashable] | Tensor, low: float = 0.1, high: float = 0.9
+) -> GroupStats:
+    """Counts of kept / dropped groups under ``group_success_filter(rewards, uids, low, high)``, for reporting."""
+    _check_rewards(rewards)
+    index, n_groups = _group_index(uids, rewards.shape[0], rewards.device)
+    counts, means = _group_means(rewards, index, n_groups)
+    keep = _group_keep(means, low, high)
+    return GroupStats(
+        n_groups=n_groups,
+        n_kept=int(keep.sum()),
+        n_too_hard=int((means < low - _BOUND_TOL).sum()),
+        n_too_easy=int((means > high + _BOUND_TOL).sum()),
+        n_episodes_kept=int(counts[keep].sum()),
+        mean_reward=float(rewards.double().mean()) if rewards.numel() else 0.0,
+    )
+
+
+def valid_step_mask(success: Tensor, executed: Tensor | None = None) -> Tensor:
+    """Chunk steps that enter the loss: executed steps up to AND including the first success; bool [N, T].
+
+    valid[i, t] = executed_prefix[i, t] and no success at any step t' < t.
+    ``executed`` marks the chunk steps that were actually run (None: all). It is read as a prefix: a step after the
+    first non-executed one is treated as after the episode's end, even if flagged. An episode that never succeeds
+    keeps all its executed steps. Steps after the first success are excluded because the env loop may keep stepping a
+    finished episode in lock-step with the batch; those actions did not influence the reward.
+    """
+    if success.dim() != 2:
+        raise ValueError(f"success must be [N, T], got shape {tuple(success.shape)}")
+    success = success.bool()
+    if executed is None:
+        executed = torch.ones_like(success)
+    if executed.shape != success.shape:
+        raise ValueError(f"executed shape {tuple(executed.shape)} != success shape {tuple(success.shape)}")
+    ran = torch.cumprod(executed.bool().long(), dim=1).bool()
+    hits = success.long()
+    successes_before = torch.cumsum(hits, dim=1) - hits
+    return ran & (successes_before == 0)
+
+
+def _check_loss_shapes(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> None:
+    if logprobs.dim() != 2 or old_logprobs.shape != logprobs.shape:
+        raise ValueError(
+            f"logprobs {tuple(logprobs.shape)} and old_logprobs {tuple(old_logprobs.shape)} must be [M, L]"
+        )
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"advantages must be [M]={tuple(logprobs.shape[:1])}, got {tuple(advantages.shape)}")
+    if mask.shape not in (logprobs.shape, logprobs.shape[:1]):
+        raise ValueError(f"mask must be [M, L] or [M], got {tuple(mask.shape)} for logprobs {tuple(logprobs.shape)}")
+
+
+def clipped_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+) -> tuple[Tensor, dict[str, float]]:
+    """Token-level PPO clipped surrogate with clip-higher; returns (scalar loss, metrics).
+
+    ratio_t = exp(logprob_t - old_logprob_t), A_t = advantage of the token's row (sequence / chunk step),
+        loss = -(1/|V|) Σ_{t∈V} min(ratio_t·A_t, clip(ratio_t, 1 - clip_low, 1 + clip_high)·A_t),
+    where V is the set of valid (mask=True) tokens of the WHOLE batch: token-mean aggregation, so every valid token
+    weighs the same whatever the length of its row. The upper clip is wider than the lower one ("clip-higher", DAPO)
+    so that low-probability tokens with positive advantage can still gain probability, which keeps entropy up.
+
+    ``mask`` is [M, L] or [M] (one flag per row). Masked tokens get log-ratio 0 before the exp, so inf / NaN there
+    cannot leak into the loss or its gradient. With no valid token the loss is a sum of masked zeros: finite, 0, and
+    still connected to ``logprobs`` (zero gradient), so backward() runs on every rank.
+
+    Metrics (floats, over valid tokens; 0 when there are none): ``clip_frac`` = fraction where the clipped branch is
+    strictly smaller (so it is the one taken and the token gets no gradient); ``approx_kl`` = k3 estimator
+    mean(ratio - 1 - log ratio) of KL(old ‖ new), non-negative and unbiased under samples from the old policy;
+    ``ratio_mean``; ``n_tokens``.
+    """
+    _check_loss_shapes(logprobs, old_logprobs, advantages, mask)
+    if not (0.0 <= clip_low < 1.0 and clip_high >= 0.0):
+        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
+    valid = (mask.bool() if mask.dim() == 2 else mask.bool().unsqueeze(1)).expand_as(logprobs)
+    log_ratio = logprobs.float() - old_logprobs.detach().float()
+    log_ratio = torch.where(valid, log_ratio, torch.zeros_like(log_ratio))
+    ratio = torch.exp(log_ratio)
+    adv = advantages.detach().float().unsqueeze(1)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    objective = torch.where(valid, torch.minimum(unclipped, clipped), torch.zeros_like(unclipped))
+    n_valid = int(valid.sum())
+    loss = -objective.sum() / max(n_valid, 1)
+    return loss, _loss_metrics(ratio, log_ratio, clipped < unclipped, valid, n_valid)
+
+
+@torch.no_grad()
+def _loss_metrics(
+    ratio: Tensor, log_ratio: Tensor, clip_taken: Tensor, valid: Tensor, n_valid: int
+) -> dict[str, float]:
+    """Means over valid tokens of the clip indicator, the k3 KL estimate and the ratio."""
+    if n_valid == 0:
+        return {"clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0, "n_tokens": 0.0}
+    k3 = ratio - 1.0 - log_ratio
+    return {
+        "clip_frac": float((clip_taken & valid).sum()) / n_valid,
+        "approx_kl": float(k3[valid].mean()),
+        "ratio_mean": float(ratio[valid].mean()),
+        "n_tokens": float(n_valid),
+    }
+
+
+def logprobs_from_logits(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
+    """log softmax(logits / temperature)[token] per position; float32 [...] for logits [..., V], tokens [...] long.
+
+    Computed as z[token] - logsumexp(z) with z = logits / temperature - max(logits / temperature) in float32: after
+    the shift both terms are small numbers, so large logits neither overflow nor lose float32 resolution (a logsumexp
+    near 1e4 is only good to ~1e-3). Rollout and training must pass the same temperature (the sampling one) for the
+    importance ratio to be meaningful.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if tokens.shape != logits.shape[:-1]:
+        raise ValueError(f"tokens shape {tuple(tokens.shape)} must equal logits.shape[:-1]={tuple(logits.shape[:-1])}")
+    z = logits.float() / temperature
+    shift = z.detach().amax(dim=-1, keepdim=True)
+    z = z - torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+    picked = torch.gather(z, -1, tokens.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(z, dim=-1)
+
+
+def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """H = -Σ_v p_v log p_v with p = softmax(logits / temperature), per position; float32 [...] for logits [..., V].
+
+    Terms with p_v = 0 (logit -inf) count as 0 (the limit of p log p), and their gradient is 0 rather than NaN.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    p = logp.exp()
+    safe_logp = torch.where(p > 0, logp, torch.zeros_like(logp))
+    return -(p * safe_logp).sum(dim=-1)

@@ -1,0 +1,236 @@
+"""Typed configuration: dataclass schemas registered with Hydra's ConfigStore, and `validate()`.
+
+Every field carries a one-line docstring (a string literal right below it); `docs/CONFIG.md` lists them. Group YAMLs
+under `configs/` only override fields of these schemas, so a typo in a key or a wrong type fails at load.
+`validate()` checks what the types cannot (arithmetic between groups, names that must exist) and raises one
+`ConfigError` listing every problem with the keys involved and a suggested fix, before any compute is spent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """An impossible or unknown configuration; the message names the keys and the fix."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    """Name of the model preset (for run names and logs)."""
+    image_size: int = 64
+    """Input image side in pixels; camera images are resized to it."""
+    patch_size: int = 8
+    """Vision patch side in pixels; image_size must be a multiple of it."""
+    vision_dim: int = 64
+    """Width of the vision encoder."""
+    vision_layers: int = 1
+    """Transformer layers in the vision encoder."""
+    hidden_size: int = 96
+    """Width of the Llama backbone."""
+    num_layers: int = 2
+    """Decoder layers of the Llama backbone."""
+    num_heads: int = 4
+    """Attention heads of the Llama backbone (and of the vision encoder)."""
+    intermediate_size: int = 192
+    """MLP width of the Llama backbone."""
+    chunk_len: int = 8
+    """Actions per chunk, all decoded in one forward pass."""
+    action_dim: int = 7
+    """Dimensions of one action: [dx, dy, dz, droll, dpitch, dyaw, gripper]."""
+    n_bins: int = 256
+    """Discrete bins per action dimension over [-1, 1]."""
+    use_proprio: bool = True
+    """Feed the proprioceptive state as one projected token."""
+    proprio_dim: int = 4
+    """Size of the proprioceptive state the env returns."""
+    max_text_len: int = 24
+    """Instruction tokens after padding (prompt included); longer prompts are an error."""
+    pad_to_multiple_of: int = 64
+    """The vocabulary (text + action bins) is padded to a multiple of this."""
+
+
+@dataclass
+class EnvConfig:
+    name: str = "reach"
+    """Simulator name from the env registry (`vla_scale.envs.registry.ENVS`)."""
+    suite: str = "reach"
+    """Task suite: which tasks the sampler draws from."""
+    num_tasks: int = 3
+    """Tasks of the suite to train and evaluate on (ids 0..num_tasks-1)."""
+    num_train_init_states: int = 40
+    """Initial states 0..n-1 of every task are the TRAIN split."""
+    num_eval_init_states: int = 10
+    """The next n initial states of every task are the held-out EVAL split."""
+    camera_resolution: int = 64
+    """Rendered camera side in pixels."""
+    max_steps: int = 40
+    """Env steps per episode before it ends unsuccessfully."""
+    num_workers: int = 2
+    """Ray sim workers (per trainer rank)."""
+    sims_per_worker: int = 2
+    """Simulator subprocesses per sim worker."""
+    step_timeout_s: float = 60.0
+    """Deadline for one simulator call (reset or one chunk)."""
+
+
+@dataclass
+class AlgoConfig:
+    name: str = "grpo"
+    """Algorithm; only GRPO exists."""
+    batch_size: int = 8
+    """Task specs (groups) per RL step."""
+    group_size: int = 8
+    """Episodes per task spec; advantages are normalised within each group."""
+    temperature: float = 1.6
+    """Sampling temperature in rollout and in log-prob recomputation."""
+    clip_low: float = 0.2
+    """Lower clip of the probability ratio: 1 - clip_low."""
+    clip_high: float = 0.28
+    """Upper clip of the probability ratio (clip-higher): 1 + clip_high."""
+    filter_low: float = 0.1
+    """Groups whose mean success is below this carry no signal and are dropped."""
+    filter_high: float = 0.9
+    """Groups whose mean success is above this carry no signal and are dropped."""
+    max_resample_rounds: int = 2
+    """Extra rollout rounds per step to refill dropped groups (0 disables dynamic sampling refill)."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Gradient norm clip."""
+    mini_batches: int = 2
+    """Optimizer updates per RL step; the step's samples are split into this many mini-batches."""
+    micro_batches: int = 2
+    """Gradient-accumulation micro-batches per mini-batch."""
+
+
+@dataclass
+class ParallelConfig:
+    ray_address: str = ""
+    """Ray cluster to join ('' starts a local one)."""
+    ray_dashboard: bool = False
+    """Start Ray's dashboard (bound to 127.0.0.1)."""
+    ray_num_cpus: int = 0
+    """CPUs a local Ray advertises (0: all of this machine's)."""
+
+
+@dataclass
+class DeepSpeedConfig:
+    zero_stage: int = 3
+    """ZeRO stage of the actor: 0, 1, 2 or 3."""
+    bf16: bool = False
+    """Train in bf16 (GPU); CPU runs stay fp32."""
+    offload_optimizer: bool = False
+    """Keep optimizer state on the CPU (ZeRO offload)."""
+    sync_bucket_mb: int = 64
+    """Weight sync gathers parameters in buckets of at most this many MB."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """The simulators and their task suite."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """The RL algorithm."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Ray and process placement."""
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    """The DeepSpeed actor."""
+    seed: int = 0
+    """Seed of the task sampler, the model init and the rollout sampling."""
+    steps: int = 30
+    """RL steps to train."""
+    eval_every: int = 10
+    """Evaluate on the held-out init states every this many steps (and at step 0 and at the end)."""
+    save_every: int = 10
+    """Write a checkpoint every this many steps (and at the end); 0 disables."""
+    resume: bool = False
+    """Continue from the latest checkpoint in the run directory."""
+    run_dir: str = ""
+    """Run directory ('' uses Hydra's output directory)."""
+    progress: bool = True
+    """Show progress bars."""
+
+
+SUITES: dict[str, tuple[str, ...]] = {"reach": ("reach",)}
+"""Env name -> the task suites it can play."""
+
+
+def register_configs() -> None:
+    """Register the schemas so YAML files are checked against them."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+
+
+def to_config(cfg: DictConfig | Config) -> Config:
+    """Turn a Hydra DictConfig into the typed dataclass tree."""
+    if isinstance(cfg, Config):
+        return cfg
+    obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
+    assert isinstance(obj, Config)
+    return obj
+
+
+def _divisors(n: int, limit: int = 64) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def validate(cfg: Config, world_size: int = 1) -> Config:
+    """Check the arithmetic and the names; raise one ConfigError listing every problem and its fix."""
+    from vla_scale.envs.registry import ENVS
+
+    problems: list[str] = []
+    m, e, a = cfg.model, cfg.env, cfg.algo
+    if e.name not in ENVS:
+        problems.append(f"env.name={e.name!r} is not a known simulator; choose one of {sorted(ENVS)}")
+    elif e.suite not in SUITES.get(e.name, ()):
+        problems.append(f"env.suite={e.suite!r} is not a suite of env {e.name!r}; choose one of {SUITES[e.name]}")
+    if m.image_size % m.patch_size:
+        problems.append(f"model.image_size={m.image_size} is not a multiple of model.patch_size={m.patch_size}")
+    if m.hidden_size % m.num_heads or m.vision_dim % m.num_heads:
+        problems.append(
+            f"model.hidden_size={m.hidden_size} and model.vision_dim={m.vision_dim} must be multiples of "
+            f"model.num_heads={m.num_heads}"
+        )
+    if a.group_size < 2:
+        problems.append(f"algo.group_size={a.group_size} must be >= 2: GRPO normalises within a group")
+    if not 0.0 <= a.filter_low <= a.filter_high <= 1.0:
+        problems.append(f"need 0 <= algo.filter_low ({a.filter_low}) <= algo.filter_high ({a.filter_high}) <= 1")
+    episodes = a.batch_size * a.group_size
+    sims = world_size * e.num_workers * e.sims_per_worker
+    if episodes % sims:
+        good = [s for s in _divisors(episodes) if s % world_size == 0]
+        problems.append(
+            f"episodes per step algo.batch_size*algo.group_size = {a.batch_size}*{a.group_size} = {episodes} must "
+            f"divide over ranks*env.num_workers*env.sims_per_worker = {world_size}*{e.num_workers}*"
+            f"{e.sims_per_worker} = {sims}; use a simulator count in {good} or change the batch"
+        )
+    samples = episodes * -(-e.max_steps // m.chunk_len)
+    if a.mini_batches * a.micro_batches > episodes:
+        problems.append(
+            f"algo.mini_batches*algo.micro_batches = {a.mini_batches * a.micro_batches} exceeds the {episodes} "
+            f"episodes of a step ({samples} chunk samples at most); lower them"
+        )
+    if e.num_train_init_states < 1 or e.num_eval_init_states < 1:
+        problems.append("env.num_train_init_states and env.num_eval_init_states must both be >= 1")
+    if cfg.eval_every < 1 or cfg.steps < 1:
+        problems.append(f"steps={cfg.steps} and eval_every={cfg.eval_every} must be >= 1")
+    if cfg.deepspeed.zero_stage not in (0, 1, 2, 3):
+        problems.append(f"deepspeed.zero_stage={cfg.deepspeed.zero_stage} must be 0, 1, 2 or 3")
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    return cfg
+
+
+def as_yaml(cfg: Config | Any) -> str:
+    """The resolved configuration as YAML text (logged with every run)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

@@ -1,0 +1,192 @@
+"""One simulator subprocess hosting `num_slots` envs, driven over a duplex pipe with split send/recv halves.
+
+The child is started with the "spawn" context and builds its envs itself (`make_env` runs in the child), so no GL/EGL
+state is inherited. It sets MUJOCO_GL=egl when unset, before anything imports mujoco; this module imports neither
+mujoco nor torch.
+
+Protocol (parent -> child): ("reset", tasks) | ("step", chunks, active) | ("close",).
+Child -> parent: ("ok", payload) | ("error", traceback text). A request is answered exactly once.
+
+The halves let a caller fan out to many processes and then gather:
+
+    for p in procs: p.send_step(chunks[p], active[p])
+    results = [p.recv(timeout_s=5.0) for p in procs]
+
+Faults: a deadline that expires or a child that dies raises SimulatorError and leaves the process `broken` (its
+pipe may still carry a late answer), so the caller closes it and starts a new one. An exception raised by an env
+inside the child also raises SimulatorError (with the child traceback) but the process stays usable.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any, Self
+
+import numpy as np
+
+from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
+
+
+class SimulatorError(RuntimeError):
+    """A simulator process failed: it died, missed its deadline, or an env raised inside it."""
+
+
+def _child_main(conn: Connection, env_name: str, env_kwargs: dict[str, Any], num_slots: int) -> None:
+    """Serve requests until "close" or until the parent end of the pipe goes away."""
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which closes its children
+    envs: list[Any] = []
+    boot_error = None
+    try:
+        from vla_scale.envs.registry import make_env
+
+        envs = [make_env(env_name, **env_kwargs) for _ in range(num_slots)]
+    except Exception:  # noqa: BLE001 - reported to the parent on its first request
+        boot_error = traceback.format_exc()
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break
+            if message[0] == "close":
+                break
+            if boot_error is not None:
+                conn.send(("error", f"building env {env_name!r} failed:\n{boot_error}"))
+                continue
+            try:
+                conn.send(("ok", _serve(envs, message)))
+            except Exception:  # noqa: BLE001 - any env failure is sent back and re-raised in the parent
+                conn.send(("error", traceback.format_exc()))
+    finally:
+        for env in envs:
+            env.close()
+        conn.close()
+
+
+def _serve(envs: list[Any], message: tuple) -> list[Any]:
+    kind = message[0]
+    if kind == "reset":
+        return [env.reset(task) for env, task in zip(envs, message[1], strict=True)]
+    if kind == "step":
+        chunks, active = message[1], message[2]
+        return [env.step(chunk) if on else None for env, chunk, on in zip(envs, chunks, active, strict=True)]
+    raise ValueError(f"unknown request {kind!r}")
+
+
+class SimProcess:
+    """A subprocess running `num_slots` instances of env `env_name`; one request in flight at a time."""
+
+    def __init__(self, env_name: str, num_slots: int = 1, env_kwargs: dict[str, Any] | None = None) -> None:
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        self.env_name = env_name
+        self.num_slots = num_slots
+        self.env_kwargs = dict(env_kwargs or {})
+        ctx = mp.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe(duplex=True)
+        self._process = ctx.Process(
+            target=_child_main,
+            args=(child_conn, env_name, self.env_kwargs, num_slots),
+            name=f"sim-{env_name}",
+            daemon=True,
+        )
+        self._process.start()
+        child_conn.close()  # so the parent sees EOF when the child dies
+        assert self._process.pid is not None
+        self._pid: int = self._process.pid
+        self._pending: str | None = None
+        self.broken = False
+        self._closed = False
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def is_alive(self) -> bool:
+        return not self._closed and self._process.is_alive()
+
+    def _describe(self, call: str | None) -> str:
+        return f"simulator pid={self._pid} env={self.env_name!r} call={call!r}"
+
+    def _fail(self, call: str | None, why: str) -> SimulatorError:
+        self.broken = True
+        self._pending = None
+        return SimulatorError(f"{self._describe(call)}: {why}")
+
+    def _send(self, call: str, message: tuple) -> None:
+        if self._closed or self.broken:
+            raise SimulatorError(f"{self._describe(call)}: process is {'closed' if self._closed else 'broken'}")
+        if self._pending is not None:
+            raise RuntimeError(f"{self._describe(call)}: answer to {self._pending!r} not received yet")
+        try:
+            self._conn.send(message)
+        except (BrokenPipeError, OSError) as exc:
+            raise self._fail(call, f"child is gone (exitcode={self._process.exitcode}): {exc!r}") from exc
+        self._pending = call
+
+    def send_reset(self, tasks: list[TaskSpec]) -> None:
+        """Start resetting every slot to its task (one per slot); collect the observations with recv()."""
+        if len(tasks) != self.num_slots:
+            raise ValueError(f"need one task per slot ({self.num_slots}), got {len(tasks)}")
+        self._send("reset", ("reset", list(tasks)))
+
+    def send_step(self, chunks: np.ndarray, active: np.ndarray) -> None:
+        """Start stepping the active slots with their chunks [num_slots, T, A]; inactive slots answer None."""
+        chunks = np.asarray(chunks)
+        active = np.asarray(active, dtype=bool)
+        if chunks.ndim != 3 or chunks.shape[0] != self.num_slots:
+            raise ValueError(f"chunks must have shape [{self.num_slots}, T, A], got {chunks.shape}")
+        if active.shape != (self.num_slots,):
+            raise ValueError(f"active must have shape [{self.num_slots}], got {active.shape}")
+        self._send("step", ("step", chunks, active))
+
+    def recv(self, timeout_s: float) -> list[Observation] | list[ChunkStep | None]:
+        """The answer to the pending request, waiting at most timeout_s seconds."""
+        call = self._pending
+        if call is None:
+            raise RuntimeError(f"{self._describe(call)}: recv() without a pending request")
+        deadline = time.monotonic() + timeout_s
+        try:
+            ready = self._conn.poll(max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise self._fail(call, f"no answer within {timeout_s:.3f}s (alive={self.is_alive()})")
+            status, payload = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            self._process.join(timeout=1.0)
+            raise self._fail(call, f"child died (exitcode={self._process.exitcode})") from exc
+        self._pending = None
+        if status == "error":
+            raise SimulatorError(f"{self._describe(call)}: raised in the child:\n{payload}")
+        return payload
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Ask the child to exit; terminate, then kill it if it does not within timeout_s (a broken one: kill)."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self.broken and self._process.is_alive():
+            try:
+                self._conn.send(("close",))
+            except (BrokenPipeError, OSError):
+                pass
+            self._process.join(timeout=timeout_s)
+        if self._process.is_alive() and not self.broken:
+            self._process.terminate()
+            self._process.join(timeout=0.5)
+        if self._process.is_alive():  # a broken child may be hung or stopped: SIGKILL at once
+            self._process.kill()
+            self._process.join()
+        self._conn.close()
+        self._process.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""Rollout: the decoding engine, the env loop and the trajectories it produces."""

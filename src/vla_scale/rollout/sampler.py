@@ -1,0 +1,38 @@
+"""Task sampling: TRAIN init states for rollouts, held-out EVAL init states for evaluation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from vla_scale.config import EnvConfig
+from vla_scale.envs.types import TaskSpec
+
+
+class TaskSampler:
+    """Draws (task, train init state) specs; its state is saved in checkpoints so a resumed run draws the same."""
+
+    def __init__(self, env: EnvConfig, seed: int):
+        self.env = env
+        self.rng = np.random.default_rng(seed)
+
+    def draw(self, n: int) -> list[TaskSpec]:
+        tasks = self.rng.integers(0, self.env.num_tasks, size=n)
+        states = self.rng.integers(0, self.env.num_train_init_states, size=n)
+        return [TaskSpec(self.env.suite, int(t), int(s)) for t, s in zip(tasks, states, strict=False)]
+
+    def eval_specs(self) -> list[TaskSpec]:
+        """Every task on every held-out init state (ids after the TRAIN split)."""
+        first = self.env.num_train_init_states
+        return [
+            TaskSpec(self.env.suite, task, first + k)
+            for task in range(self.env.num_tasks)
+            for k in range(self.env.num_eval_init_states)
+        ]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"bit_generator": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["bit_generator"]

@@ -1,0 +1,202 @@
+"""The RL loop, top to bottom: rollout -> GRPO batch -> DeepSpeed update -> weight sync -> eval/log/checkpoint.
+
+One RL step (see docs/ARCHITECTURE.md):
+  1. draw B task specs from the TRAIN init states, repeat each `group_size` times under one uid;
+  2. play them on the simulator fleet with the rollout engine (temperature sampling);
+  3. drop groups whose mean success lies outside [filter_low, filter_high] and roll out more (bounded);
+  4. group-normalised advantages; clipped token loss; `mini_batches` optimizer steps through DeepSpeed;
+  5. gather the actor's weights into the rollout engine in buckets; the checksums must agree.
+Evaluation (greedy, held-out init states) runs at step 0, every `eval_every` steps and at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vla_scale import checkpoint
+from vla_scale.algo import group_advantages, group_success_filter
+from vla_scale.config import Config, as_yaml, validate
+from vla_scale.envs.registry import suite_instructions
+from vla_scale.logging import RunLogger, progress
+from vla_scale.models import Processor, WordTokenizer, build_policy
+from vla_scale.models.policy import PolicyInputs
+from vla_scale.parallel.actor import Actor, init_distributed
+from vla_scale.parallel.fleet import SimFleet, start_ray
+from vla_scale.parallel.weight_sync import SyncReport, sync_weights
+from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.rollout.env_loop import Trajectory, run_episodes
+from vla_scale.rollout.sampler import TaskSampler
+
+
+@dataclass
+class StepBatch:
+    """The groups kept for one update, and what the rollout saw before filtering."""
+
+    groups: list[list[Trajectory]]
+    success_rate: float
+    rounds: int
+    episodes: int
+
+
+class Trainer:
+    def __init__(self, cfg: Config, run_dir: str):
+        self.rank, self.world = init_distributed()
+        self.cfg = validate(cfg, self.world)
+        self.run_dir = run_dir
+        self.max_chunks = -(-cfg.env.max_steps // cfg.model.chunk_len)
+        self.log = RunLogger(run_dir, self.rank)
+        self.tokenizer = WordTokenizer.from_instructions(suite_instructions(cfg.env.name, cfg.env.suite))
+        self.processor = Processor(cfg.model, self.tokenizer)
+        torch.manual_seed(cfg.seed)
+        self.actor = Actor(lambda zero3: build_policy(cfg.model, self.tokenizer, zero3), cfg.deepspeed, cfg.algo)
+        device = self.actor.device
+        self.engine = RolloutEngine(build_policy(cfg.model, self.tokenizer), device, seed=cfg.seed * 1000 + self.rank)
+        self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
+        self.step, self.version = 0, 0
+        start_ray(cfg.parallel.ray_address, cfg.parallel.ray_dashboard, cfg.parallel.ray_num_cpus)
+        env_kwargs = {"camera_resolution": cfg.env.camera_resolution, "max_steps": cfg.env.max_steps}
+        self.fleet = SimFleet(cfg.env.name, env_kwargs, cfg.algo.batch_size * cfg.algo.group_size,
+                              cfg.env.num_workers, cfg.env.sims_per_worker, cfg.env.step_timeout_s)
+
+    # ---- the loop -------------------------------------------------------------------------------------------------
+    def train(self) -> dict[str, float]:
+        cfg = self.cfg
+        if cfg.resume:
+            self.load_latest()
+        self.sync(self.version)
+        if self.step == 0:
+            self.log.text("config", "```\n" + as_yaml(cfg) + "\n```")
+        last: dict[str, float] = {}
+        bar = progress(cfg.steps, self.step, cfg.progress and self.rank == 0, "train")
+        while self.step < cfg.steps:
+            if self.step % cfg.eval_every == 0:
+                last.update(self.evaluate())
+            t0 = time.perf_counter()
+            batch = self.collect()
+            t1 = time.perf_counter()
+            stats = self.update(batch)
+            t2 = time.perf_counter()
+            report = self.sync(self.version + 1)
+            t3 = time.perf_counter()
+            self.step += 1
+            metrics = {
+                "train/success_rate": batch.success_rate,
+                "train/groups_kept": len(batch.groups),
+                "train/rollout_rounds": batch.rounds,
+                "train/episodes": batch.episodes,
+                "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/sync_s": t3 - t2,
+                "sync/version": report.version,
+                **{f"train/{k}": v for k, v in stats.items()},
+            }
+            self.log.scalars(metrics, self.step)
+            last.update(metrics)
+            bar.update(1)
+            bar.set_postfix(success=f"{batch.success_rate:.2f}", eval=f"{last.get('eval/success_rate', 0):.2f}")
+            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
+                self.save()
+        bar.close()
+        last.update(self.evaluate())
+        if cfg.save_every:
+            self.save()
+        self.log.close()
+        return last
+
+    # ---- rollout ----------------------------------------------------------------------------------------------------
+    def collect(self) -> StepBatch:
+        """Roll out groups until `batch_size` carry signal, or the extra rounds run out (dynamic sampling)."""
+        a = self.cfg.algo
+        kept: list[list[Trajectory]] = []
+        rates: list[float] = []
+        rounds = 0
+        while len(kept) < a.batch_size and rounds <= a.max_resample_rounds:
+            specs = self.sampler.draw(a.batch_size)
+            tasks = [spec for spec in specs for _ in range(a.group_size)]
+            uids = [f"{self.step}.{rounds}.{g}" for g in range(a.batch_size) for _ in range(a.group_size)]
+            trajs = run_episodes(tasks, uids, self.fleet, self.engine, self.processor, self.max_chunks,
+                                 a.temperature)
+            rewards = torch.tensor([t.reward for t in trajs])
+            keep = group_success_filter(rewards, uids, a.filter_low, a.filter_high)
+            rates.append(rewards.mean().item())
+            for g in range(a.batch_size):
+                members = slice(g * a.group_size, (g + 1) * a.group_size)
+                if keep[members].all():
+                    kept.append(trajs[members])
+            rounds += 1
+        return StepBatch(kept[: a.batch_size], rates[0], rounds, rounds * a.batch_size * a.group_size)
+
+    # ---- update -----------------------------------------------------------------------------------------------------
+    def update(self, batch: StepBatch) -> dict[str, float]:
+        """GRPO advantages per group, then `mini_batches` optimizer steps over the shuffled chunk samples."""
+        a = self.cfg.algo
+        if not batch.groups:
+            return {"skipped_update": 1.0}
+        trajs = [t for group in batch.groups for t in group]
+        adv = group_advantages(torch.tensor([t.reward for t in trajs]), [t.uid for t in trajs])
+        rows = [(traj, k, adv[i].item()) for i, traj in enumerate(trajs) for k in range(len(traj))]
+        order = torch.randperm(len(rows)).tolist()
+        totals: dict[str, float] = {}
+        minis = np.array_split(np.array(order), a.mini_batches)
+        for mini in minis:
+            micro = [self._micro_batch([rows[j] for j in part]) for part in np.array_split(mini, a.micro_batches)]
+            for key, value in self.actor.update(micro).items():
+                totals[key] = totals.get(key, 0.0) + value / len(minis)
+        totals["samples"] = float(len(rows))
+        return totals
+
+    def _micro_batch(self, rows: list[tuple[Trajectory, int, float]]):
+        images = np.stack([t.images[k] for t, k, _ in rows])
+        proprio = np.stack([t.proprio[k] for t, k, _ in rows])
+        inputs: PolicyInputs = self.processor.from_arrays(images, [t.instruction for t, _, _ in rows], proprio)
+        tokens = torch.from_numpy(np.stack([t.tokens[k] for t, k, _ in rows]))
+        old = torch.from_numpy(np.stack([t.logprobs[k] for t, k, _ in rows]))
+        return inputs, tokens, old, torch.tensor([a for _, _, a in rows], dtype=torch.float32)
+
+    def sync(self, version: int) -> SyncReport:
+        report = sync_weights(self.actor.policy, self.engine, version, self.cfg.deepspeed.sync_bucket_mb)
+        self.version = report.version
+        return report
+
+    # ---- evaluation -------------------------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        specs = self.sampler.eval_specs()
+        uids = [f"eval.{i}" for i in range(len(specs))]
+        trajs = run_episodes(specs, uids, self.fleet, self.engine, self.processor, self.max_chunks,
+                             self.cfg.algo.temperature, greedy=True)
+        metrics = {"eval/success_rate": float(np.mean([t.success for t in trajs]))}
+        for task in range(self.cfg.env.num_tasks):
+            mine = [t.success for t in trajs if t.task.task_id == task]
+            metrics[f"eval/task_{task}_success_rate"] = float(np.mean(mine))
+        self.log.scalars(metrics, self.step)
+        return metrics
+
+    # ---- checkpoints ------------------------------------------------------------------------------------------------
+    def save(self) -> None:
+        tag = f"step_{self.step}"
+        root = checkpoint.checkpoint_root(self.run_dir)
+        state = {"step": self.step, "version": self.version, "sampler": self.sampler.state_dict(),
+                 "engine_rng": self.engine.generator.get_state(), "rng": checkpoint.rng_state()}
+        self.actor.save(root, tag, state)
+        path = os.path.join(root, tag, "model.safetensors")
+        checkpoint.save_weights(self.actor.policy, path, self.cfg.deepspeed.sync_bucket_mb, self.rank == 0)
+        if self.rank == 0:
+            checkpoint.mark_latest(self.run_dir, tag)
+
+    def load_latest(self) -> None:
+        tag = checkpoint.latest_tag(self.run_dir)
+        if tag is None:
+            raise FileNotFoundError(
+                f"resume=true but {checkpoint.checkpoint_root(self.run_dir)} has no checkpoint: "
+                "point run_dir at a run that saved one, or drop resume=true")
+        state = self.actor.load(checkpoint.checkpoint_root(self.run_dir), tag)
+        self.step, self.version = state["step"], state["version"]
+        self.sampler.load_state_dict(state["sampler"])
+        self.engine.generator.set_state(state["engine_rng"])
+        checkpoint.set_rng_state(state["rng"])
+
+    def close(self) -> None:
+        self.fleet.close()

@@ -1,0 +1,119 @@
+"""SimProcess against a real spawned child: same results as in-process, deadlines, dead children, clean close."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from vla_scale.envs.reach import ACTION_DIM, CAMERA, ReachEnv
+from vla_scale.envs.sim_process import SimProcess, SimulatorError
+from vla_scale.envs.types import ChunkStep, TaskSpec
+
+BOOT_TIMEOUT_S = 60.0  # the first answer includes the child's interpreter start and imports
+CHUNK = 8
+
+
+def assert_gone(pid: int) -> None:
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_subprocess_matches_in_process_env() -> None:
+    tasks = [TaskSpec("reach", 0, 4), TaskSpec("reach", 2, 9)]
+    chunks = np.random.default_rng(1).uniform(-1, 1, (3, len(tasks), CHUNK, ACTION_DIM))
+    active = np.array([True, False])
+    local = [ReachEnv(camera_resolution=32) for _ in tasks]
+    with SimProcess("reach", num_slots=len(tasks), env_kwargs={"camera_resolution": 32}) as proc:
+        assert proc.is_alive() and proc.pid != os.getpid()
+        proc.send_reset(tasks)
+        remote_obs = proc.recv(timeout_s=BOOT_TIMEOUT_S)
+        for env, task, obs in zip(local, tasks, remote_obs, strict=True):
+            expected = env.reset(task)
+            assert np.array_equal(obs.images[CAMERA], expected.images[CAMERA])
+            assert np.array_equal(obs.proprio, expected.proprio) and obs.instruction == expected.instruction
+        for step_chunks in chunks:
+            proc.send_step(step_chunks, active)
+            results = proc.recv(timeout_s=10.0)
+            assert results[1] is None
+            got = results[0]
+            assert isinstance(got, ChunkStep)
+            expected_step = local[0].step(step_chunks[0])
+            assert np.array_equal(got.observation.images[CAMERA], expected_step.observation.images[CAMERA])
+            assert np.array_equal(got.observation.proprio, expected_step.observation.proprio)
+            assert (got.reward, got.done, got.success, got.steps_taken) == (
+                expected_step.reward,
+                expected_step.done,
+                expected_step.success,
+                expected_step.steps_taken,
+            )
+            if got.done:
+                break
+        pid = proc.pid
+    assert not proc.is_alive()
+    assert_gone(pid)
+    for env in local:
+        env.close()
+
+
+def test_child_exception_is_reraised_with_traceback() -> None:
+    with SimProcess("reach") as proc:
+        proc.send_reset([TaskSpec("reach", 99, 0)])
+        with pytest.raises(SimulatorError, match=r"(?s)Traceback.*task_id must be in") as info:
+            proc.recv(timeout_s=BOOT_TIMEOUT_S)
+        assert str(proc.pid) in str(info.value) and "reset" in str(info.value)
+        proc.send_reset([TaskSpec("reach", 0, 0)])  # an env error leaves the process usable
+        assert len(proc.recv(timeout_s=10.0)) == 1
+    with SimProcess("no_such_env") as bad:
+        bad.send_reset([TaskSpec("reach", 0, 0)])
+        with pytest.raises(SimulatorError, match="valid choices"):
+            bad.recv(timeout_s=BOOT_TIMEOUT_S)
+
+
+def test_expired_deadline_raises_and_close_kills() -> None:
+    proc = SimProcess("reach")
+    proc.send_reset([TaskSpec("reach", 1, 0)])
+    proc.recv(timeout_s=BOOT_TIMEOUT_S)
+    os.kill(proc.pid, signal.SIGSTOP)  # a hung simulator: alive but never answers
+    proc.send_step(np.zeros((1, CHUNK, ACTION_DIM)), np.array([True]))
+    start = time.monotonic()
+    with pytest.raises(SimulatorError, match=rf"pid={proc.pid} env='reach' call='step': no answer within"):
+        proc.recv(timeout_s=0.3)
+    assert time.monotonic() - start < 2.0
+    assert proc.broken and proc.is_alive()
+    with pytest.raises(SimulatorError, match="broken"):
+        proc.send_reset([TaskSpec("reach", 1, 0)])
+    pid = proc.pid
+    proc.close()
+    assert not proc.is_alive()
+    assert_gone(pid)
+
+
+def test_killed_child_raises_on_recv() -> None:
+    with SimProcess("reach") as proc:
+        proc.send_reset([TaskSpec("reach", 2, 0)])
+        proc.recv(timeout_s=BOOT_TIMEOUT_S)
+        os.kill(proc.pid, signal.SIGSTOP)  # hold it so the request is surely pending when it dies
+        proc.send_step(np.zeros((1, CHUNK, ACTION_DIM)), np.array([True]))
+        os.kill(proc.pid, signal.SIGKILL)
+        with pytest.raises(SimulatorError, match=r"call='step': child died \(exitcode=-9\)"):
+            proc.recv(timeout_s=10.0)
+        assert not proc.is_alive()
+        pid = proc.pid
+    assert_gone(pid)
+
+
+def test_argument_checks() -> None:
+    with SimProcess("reach", num_slots=2) as proc:
+        with pytest.raises(ValueError, match="one task per slot"):
+            proc.send_reset([TaskSpec("reach", 0, 0)])
+        with pytest.raises(ValueError, match="chunks"):
+            proc.send_step(np.zeros((1, CHUNK, ACTION_DIM)), np.array([True, True]))
+        with pytest.raises(RuntimeError, match="without a pending request"):
+            proc.recv(timeout_s=0.1)
