@@ -5,8 +5,10 @@ The deepspeed launcher appends `--local_rank=N`; Hydra would reject it, so it is
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import warnings
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -24,8 +26,10 @@ def _strip_local_rank(argv: list[str]) -> list[str]:
 
 
 sys.argv = _strip_local_rank(sys.argv)
+warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
-from vla_scale.config import register_configs, to_config  # noqa: E402
+from vla_scale.config import ConfigError, register_configs, to_config, validate  # noqa: E402
 
 register_configs()
 
@@ -35,6 +39,10 @@ def main(dict_cfg: DictConfig) -> float:
     from vla_scale.trainer import Trainer
 
     cfg = to_config(dict_cfg)
+    try:
+        validate(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    except ConfigError as err:
+        sys.exit(f"error: {err}")
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
     trainer = Trainer(cfg, run_dir)
     if trainer.rank == 0:

@@ -49,6 +49,11 @@ class ModelConfig:
     """Feed the proprioceptive state as one projected token."""
     proprio_dim: int = 4
     """Size of the proprioceptive state the env returns."""
+    learned_action_queries: bool = True
+    """Give each action slot a learned input embedding (False: zeros, as in OpenVLA-OFT)."""
+    ordinal_bin_init: float = 0.0
+    """Scale of a smooth, order-aware component added to the action-bin rows of the LM head at init (0: off);
+    helps small policies trained from scratch, see OFTPolicy._init_ordinal_bins."""
     max_text_len: int = 24
     """Instruction tokens after padding (prompt included); longer prompts are an error."""
     pad_to_multiple_of: int = 64
@@ -71,6 +76,8 @@ class EnvConfig:
     """Rendered camera side in pixels."""
     max_steps: int = 40
     """Env steps per episode before it ends unsuccessfully."""
+    max_delta: float = 0.03
+    """Reach task: end-effector displacement in metres per env step at |action| = 1."""
     num_workers: int = 2
     """Ray sim workers (per trainer rank)."""
     sims_per_worker: int = 2
@@ -214,11 +221,18 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
             f"divide over ranks*env.num_workers*env.sims_per_worker = {world_size}*{e.num_workers}*"
             f"{e.sims_per_worker} = {sims}; use a simulator count in {good} or change the batch"
         )
-    samples = episodes * -(-e.max_steps // m.chunk_len)
-    if a.mini_batches * a.micro_batches > episodes:
+    if a.mini_batches * a.micro_batches > a.group_size:
         problems.append(
-            f"algo.mini_batches*algo.micro_batches = {a.mini_batches * a.micro_batches} exceeds the {episodes} "
-            f"episodes of a step ({samples} chunk samples at most); lower them"
+            f"algo.mini_batches*algo.micro_batches = {a.mini_batches}*{a.micro_batches} exceeds algo.group_size="
+            f"{a.group_size}, the fewest episodes an update can get (one kept group); lower them"
+        )
+    env_cls = ENVS.get(e.name)
+    if env_cls is not None and e.num_tasks > env_cls.NUM_TASKS:
+        problems.append(f"env.num_tasks={e.num_tasks} but suite {e.suite!r} has {env_cls.NUM_TASKS} tasks; lower it")
+    if env_cls is not None and e.num_train_init_states + e.num_eval_init_states > env_cls.NUM_INIT_STATES:
+        problems.append(
+            f"env.num_train_init_states + env.num_eval_init_states = {e.num_train_init_states} + "
+            f"{e.num_eval_init_states} exceeds the {env_cls.NUM_INIT_STATES} init states per task; lower them"
         )
     if e.num_train_init_states < 1 or e.num_eval_init_states < 1:
         problems.append("env.num_train_init_states and env.num_eval_init_states must both be >= 1")
@@ -234,3 +248,42 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
 def as_yaml(cfg: Config | Any) -> str:
     """The resolved configuration as YAML text (logged with every run)."""
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def field_docs() -> dict[str, list[tuple[str, str, str, str]]]:
+    """{schema class: [(field, type, default, docstring)]} read from this file's field docstrings."""
+    import ast
+    import inspect
+    import sys
+
+    tree = ast.parse(inspect.getsource(sys.modules[__name__]))
+    docs: dict[str, list[tuple[str, str, str, str]]] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef) or not node.name.endswith("Config"):
+            continue
+        rows = docs.setdefault(node.name, [])
+        for stmt, nxt in zip(node.body, node.body[1:] + [None], strict=True):
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                doc = nxt.value.value if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) else ""
+                default = ast.unparse(stmt.value) if stmt.value is not None else ""
+                rows.append((stmt.target.id, ast.unparse(stmt.annotation), default, " ".join(str(doc).split())))
+    return docs
+
+
+def config_markdown() -> str:
+    """docs/CONFIG.md: every field with its type, default and meaning."""
+    sections = {"Config": "top level", "ModelConfig": "model", "EnvConfig": "env", "AlgoConfig": "algo",
+                "ParallelConfig": "parallel", "DeepSpeedConfig": "deepspeed"}
+    lines = ["# Configuration", "", "Generated from `src/vla_scale/config.py` by `python -m vla_scale.config`; "
+             "override any field on the command line (`algo.lr=3e-4`) or pick a group option (`deepspeed=zero2`).", ""]
+    docs = field_docs()
+    for cls, group in sections.items():
+        lines += [f"## `{group}` ({cls})", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        prefix = "" if cls == "Config" else f"{group}."
+        lines += [f"| `{prefix}{name}` | {typ} | `{default}` | {doc} |" for name, typ, default, doc in docs[cls]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(config_markdown())

@@ -34,3 +34,12 @@ class RunLogger:
 def progress(total: int, initial: int, enabled: bool, desc: str) -> tqdm:
     """A progress bar over training steps (silent when disabled or not on rank 0)."""
     return tqdm(total=total, initial=initial, disable=not enabled, desc=desc, dynamic_ncols=True)
+
+
+def read_scalars(tb_dir: str) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series in a TensorBoard directory, as {tag: [(step, value), ...]} sorted by step."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    acc = EventAccumulator(tb_dir, size_guidance={SCALARS: 0})
+    acc.Reload()
+    return {tag: sorted((e.step, e.value) for e in acc.Scalars(tag)) for tag in acc.Tags()["scalars"]}

@@ -59,7 +59,8 @@ class Trainer:
         self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
         self.step, self.version = 0, 0
         start_ray(cfg.parallel.ray_address, cfg.parallel.ray_dashboard, cfg.parallel.ray_num_cpus)
-        env_kwargs = {"camera_resolution": cfg.env.camera_resolution, "max_steps": cfg.env.max_steps}
+        env_kwargs = {"camera_resolution": cfg.env.camera_resolution, "max_steps": cfg.env.max_steps,
+                      "max_delta": cfg.env.max_delta}
         self.fleet = SimFleet(cfg.env.name, env_kwargs, cfg.algo.batch_size * cfg.algo.group_size,
                               cfg.env.num_workers, cfg.env.sims_per_worker, cfg.env.step_timeout_s)
 

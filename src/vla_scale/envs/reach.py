@@ -5,7 +5,7 @@ spherical end-effector. Every body is a mocap body, so a step is only kinematics
 an episode costs a few milliseconds of CPU, most of it rendering.
 
 Actions are 7-D in [-1, 1]: [dx, dy, dz, droll, dpitch, dyaw, gripper].
-- dx, dy, dz move the end-effector by `action * MAX_DELTA` metres per env step, clipped to the workspace box.
+- dx, dy, dz move the end-effector by `action * max_delta` metres per env step (default MAX_DELTA), clipped to the workspace box.
 - droll, dpitch, dyaw are ignored (the end-effector is a sphere).
 - gripper is cosmetic: its last value is reported in proprio and tints the end-effector (dark when closed, > 0).
 
@@ -99,11 +99,13 @@ class ReachEnv:
     ACTION_DIM = ACTION_DIM
     PROPRIO_DIM = PROPRIO_DIM
 
-    def __init__(self, camera_resolution: int = 64, max_steps: int = 40, seed: int = 0) -> None:
+    def __init__(self, camera_resolution: int = 64, max_steps: int = 40, seed: int = 0,
+                 max_delta: float = MAX_DELTA) -> None:
         if camera_resolution < 1 or max_steps < 1:
             raise ValueError(f"camera_resolution and max_steps must be >= 1, got {camera_resolution}, {max_steps}")
         self.camera_resolution = camera_resolution
         self.max_steps = max_steps
+        self.max_delta = max_delta
         self.seed = seed
         self.model = mujoco.MjModel.from_xml_string(_model_xml(max(camera_resolution, 64)))
         self.data = mujoco.MjData(self.model)
@@ -159,7 +161,7 @@ class ReachEnv:
         success = False
         taken = 0
         for action in np.clip(chunk, -1.0, 1.0):
-            pos = self.data.mocap_pos[self._ee_mocap] + action[:3] * MAX_DELTA
+            pos = self.data.mocap_pos[self._ee_mocap] + action[:3] * self.max_delta
             self.data.mocap_pos[self._ee_mocap] = np.clip(pos, WORKSPACE_LOW, WORKSPACE_HIGH)
             self._gripper = float(action[6])
             self._steps += 1

@@ -4,7 +4,8 @@ Sequence fed to the Llama backbone (as input embeddings):
 
     [image patches (P)] [proprio token (0/1)] [instruction tokens (L, right-padded, BOS first)] [action slots (C*A)]
 
-Action slots carry zero embeddings (as in OpenVLA-OFT) and differ only by position; the backbone's hidden states at
+Action slots carry zero embeddings (as in OpenVLA-OFT) or, for small models trained from scratch, one learned
+embedding per slot (`model.learned_action_queries`); the backbone's hidden states at
 the C*A action slots go through the LM head, and the last `n_bins` rows of the vocabulary give the bin logits of
 every action dimension of every step of the chunk at once. The vocabulary is [text tokens | n_bins action tokens]
 padded to a multiple of `pad_to_multiple_of`; `action_token_begin` is where the bins start.
@@ -12,6 +13,7 @@ padded to a multiple of `pad_to_multiple_of`; `action_token_begin` is where the 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,6 +99,32 @@ class VisionEncoder(nn.Module):
         return self.norm(x)
 
 
+class ActionQueries(nn.Module):
+    """Input embeddings of the action slots: learned per slot, or zeros as in OpenVLA-OFT.
+
+    With zero embeddings a slot's identity (which step, which action dimension) reaches the backbone only through
+    rotary positions; a small model trained from scratch learns much faster when each slot has its own embedding.
+    """
+
+    def __init__(self, slots: int, dim: int, learned: bool):
+        super().__init__()
+        self.slots, self.dim = slots, dim
+        self.embedding = nn.Parameter(torch.randn(slots, dim) * 0.02) if learned else None
+
+    def forward(self, like: Tensor) -> Tensor:
+        batch = like.shape[0]
+        if self.embedding is None:
+            return like.new_zeros(batch, self.slots, self.dim)
+        return self.embedding.to(like.dtype).unsqueeze(0).expand(batch, -1, -1)
+
+
+def deepspeed_gather(param: nn.Parameter):
+    """Gather a ZeRO-3 parameter for an in-place edit on rank 0 (broadcast to the others on exit)."""
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([param], modifier_rank=0)
+
+
 def _build_llama(config: LlamaConfig, zero3_init: bool) -> LlamaForCausalLM:
     """The Llama backbone; under `deepspeed.zero.Init` its parameters are empty shards once built, so
     transformers' weight init is deferred and run by the ZeRO-3 variant that gathers each module first."""
@@ -138,7 +166,31 @@ class OFTPolicy(nn.Module):
             pad_token_id=0,
         )
         self.llm = _build_llama(llama, zero3_init)
+        self.action_queries = ActionQueries(self.num_action_tokens, cfg.hidden_size, cfg.learned_action_queries)
         self.action_tokenizer = ActionTokenizer(cfg.n_bins)
+        if cfg.ordinal_bin_init > 0:
+            self._init_ordinal_bins(cfg.ordinal_bin_init, zero3_init)
+
+    def _init_ordinal_bins(self, gain: float, zero3_init: bool) -> None:
+        """Give the LM-head rows of the action bins a shared smooth component: row_j += gain * sum_k phi_k(c_j) v_k
+        with bin centre c_j, phi = (c, c^2 - 1/3) and random unit directions v_k.
+
+        Bins are unordered classes to the LM head; a policy trained from scratch by RL then has to raise each of
+        256 rows on its own samples. With this component, moving the hidden state along v_1 tilts the whole
+        distribution towards larger or smaller actions, and along v_2 widens or narrows it, so reward moves the
+        distribution coherently from the first update. Pretrained checkpoints never need it (gain 0).
+        """
+        weight = self.llm.lm_head.weight
+        centres = self.action_tokenizer.centres.astype(np.float64)
+        basis = np.stack([centres, centres**2 - 1.0 / 3.0], axis=1)  # [n_bins, 2]
+        directions = np.random.default_rng(0).standard_normal((2, self.cfg.hidden_size))
+        directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+        smooth = torch.from_numpy((gain * basis @ directions).astype(np.float32))
+        begin, end = self.action_token_begin, self.action_token_begin + self.cfg.n_bins
+        context = deepspeed_gather(weight) if zero3_init else contextlib.nullcontext()
+        with context, torch.no_grad():
+            if weight.numel():
+                weight[begin:end] += smooth.to(weight.dtype)
 
     @property
     def num_action_tokens(self) -> int:
@@ -155,7 +207,7 @@ class OFTPolicy(nn.Module):
             parts.append(self.proprio_projector(proprio).unsqueeze(1))
         text = self.llm.get_input_embeddings()(input_ids)
         parts.append(text)
-        parts.append(text.new_zeros(batch, self.num_action_tokens, text.shape[-1]))
+        parts.append(self.action_queries(text))
         embeds = torch.cat(parts, dim=1)
         prefix = embeds.shape[1] - text.shape[1] - self.num_action_tokens
         ones = attention_mask.new_ones(batch, prefix)

@@ -70,7 +70,7 @@ def _run_round(tasks, uids, fleet, engine, processor, max_chunks, temperature, g
     n = len(tasks)
     padded = tasks + [tasks[0]] * (fleet.size - n)
     observations: list[Observation] = fleet.reset(padded)
-    trajs = [Trajectory(task, uid, observations[i].instruction) for i, (task, uid) in enumerate(zip(tasks, uids, strict=False))]
+    trajs = [Trajectory(task, uids[i], observations[i].instruction) for i, task in enumerate(tasks)]
     active = np.zeros(fleet.size, dtype=bool)
     active[:n] = True
     for _ in range(max_chunks):

@@ -1,0 +1,77 @@
+"""The real entry script, end to end: launch/train.py with a tiny config (real MuJoCo, Ray, DeepSpeed, TensorBoard)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vla_scale.logging import read_scalars
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.vision_dim=32",
+    "model.num_heads=2", "algo.batch_size=2", "algo.group_size=4", "algo.mini_batches=1", "algo.max_resample_rounds=0",
+    "env.num_workers=1", "env.sims_per_worker=2", "env.num_eval_init_states=2", "env.max_steps=16", "progress=false",
+]
+
+
+def train(*overrides: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), *TINY, *overrides], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_two_steps_write_every_promised_scalar(tmp_path):
+    proc = train("steps=2", "eval_every=1", "save_every=0", f"run_dir={tmp_path}")
+    assert f"run directory: {tmp_path}" in proc.stdout
+    scalars = read_scalars(str(tmp_path / "tb"))
+    for tag in ["train/success_rate", "eval/success_rate", "train/policy_loss", "train/clip_frac", "train/entropy",
+                "time/rollout_s", "time/update_s", "time/sync_s"]:
+        assert tag in scalars, tag
+    assert [s for s, _ in scalars["train/policy_loss"]] == [1, 2]
+    assert [s for s, _ in scalars["eval/success_rate"]] == [0, 1, 2]
+    assert [v for _, v in scalars["sync/version"]] == [1, 2]
+
+
+@pytest.mark.slow
+def test_resume_continues_the_same_run(tmp_path):
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    train("steps=3", "eval_every=10", "save_every=1", f"run_dir={whole}")
+    train("steps=2", "eval_every=10", "save_every=1", f"run_dir={part}")
+    assert (part / "checkpoints" / "step_2" / "model.safetensors").exists()
+    train("steps=3", "eval_every=10", "save_every=1", f"run_dir={part}", "resume=true")
+    a, b = read_scalars(str(whole / "tb")), read_scalars(str(part / "tb"))
+    assert [s for s, _ in b["train/policy_loss"]] == [1, 2, 3]
+    for tag in ["train/success_rate", "train/policy_loss", "sync/version"]:
+        assert a[tag] == b[tag], tag
+
+
+@pytest.mark.slow
+def test_resume_without_checkpoint_says_what_to_do(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), *TINY, "steps=1", "resume=true",
+                           f"run_dir={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "has no checkpoint" in proc.stderr + proc.stdout
+
+
+@pytest.mark.slow
+def test_multirun_sweep_gives_each_job_its_run_directory(tmp_path):
+    proc = train("-m", "seed=0,1", "steps=1", "eval_every=1", "save_every=0", f"hydra.sweep.dir={tmp_path}")
+    runs = sorted(p.parent.name for p in tmp_path.glob("*/tb"))
+    assert runs == ["seed=0", "seed=1"], proc.stdout
+    for run in runs:
+        assert "eval/success_rate" in read_scalars(str(tmp_path / run / "tb"))
+
+
+def test_bad_config_fails_before_any_compute(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), "algo.batch_size=3", "algo.group_size=3",
+                           f"run_dir={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "algo.batch_size*algo.group_size" in proc.stderr
+    assert not (tmp_path / "tb").exists()
