@@ -45,7 +45,7 @@ BAD = [
     (["env.suite=libero_spatial"], ["env.suite='libero_spatial'", "choose one of"]),
     (["algo.group_size=1", "algo.batch_size=4"], ["algo.group_size=1", ">= 2"]),
     (["algo.filter_low=0.8", "algo.filter_high=0.2"], ["algo.filter_low", "algo.filter_high"]),
-    (["model.image_size=60"], ["model.image_size=60", "model.patch_size=8"]),
+    (["model.image_size=60"], ["model.image_size=60", "model.patch_size=16"]),
     (["algo.mini_batches=8", "algo.micro_batches=4"], ["algo.mini_batches*algo.micro_batches", "lower them"]),
     (["env.num_tasks=7"], ["env.num_tasks=7", "has 3 tasks"]),
     (["env.num_train_init_states=45"], ["env.num_train_init_states", "env.num_eval_init_states", "50"]),

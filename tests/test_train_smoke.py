@@ -12,14 +12,15 @@ from vla_scale.logging import read_scalars
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.vision_dim=32",
-    "model.num_heads=2", "algo.batch_size=2", "algo.group_size=4", "algo.mini_batches=1", "algo.max_resample_rounds=0",
+    "model.num_heads=2", "algo.batch_size=2", "algo.group_size=4", "algo.mini_batches=1", "algo.max_resample_rounds=0", "algo.filter_low=0", "algo.filter_high=1",
     "env.num_workers=1", "env.sims_per_worker=2", "env.num_eval_init_states=2", "env.max_steps=16", "progress=false",
 ]
 
 
-def train(*overrides: str) -> subprocess.CompletedProcess:
+def train(*overrides: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), *TINY, *overrides], cwd=ROOT, env=env,
+    cmd = [sys.executable, str(ROOT / "launch" / "train.py"), *flags, *TINY, *overrides]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc
@@ -61,7 +62,7 @@ def test_resume_without_checkpoint_says_what_to_do(tmp_path):
 
 @pytest.mark.slow
 def test_multirun_sweep_gives_each_job_its_run_directory(tmp_path):
-    proc = train("-m", "seed=0,1", "steps=1", "eval_every=1", "save_every=0", f"hydra.sweep.dir={tmp_path}")
+    proc = train("seed=0,1", "steps=1", "eval_every=1", "save_every=0", f"hydra.sweep.dir={tmp_path}", flags=("-m",))
     runs = sorted(p.parent.name for p in tmp_path.glob("*/tb"))
     assert runs == ["seed=0", "seed=1"], proc.stdout
     for run in runs:

@@ -106,7 +106,7 @@ class AlgoConfig:
     """Groups whose mean success is above this carry no signal and are dropped."""
     max_resample_rounds: int = 2
     """Extra rollout rounds per step to refill dropped groups (0 disables dynamic sampling refill)."""
-    lr: float = 1e-3
+    lr: float = 3e-4
     """Adam learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
@@ -154,7 +154,7 @@ class Config:
     """The DeepSpeed actor."""
     seed: int = 0
     """Seed of the task sampler, the model init and the rollout sampling."""
-    steps: int = 30
+    steps: int = 50
     """RL steps to train."""
     eval_every: int = 10
     """Evaluate on the held-out init states every this many steps (and at step 0 and at the end)."""

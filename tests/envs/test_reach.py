@@ -7,9 +7,11 @@ import os
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from vla_scale.envs.reach import (
     ACTION_DIM,
@@ -140,8 +142,17 @@ def test_episode_stops_at_max_steps() -> None:
     assert (second.steps_taken, second.done, second.success, second.reward) == (4, True, False, 0.0)
 
 
-def test_random_policy_success_rate(env: ReachEnv) -> None:
+SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "env" / "reach.yaml"
+
+
+@pytest.mark.parametrize("settings", ["constructor defaults", "configs/env/reach.yaml"])
+def test_random_policy_success_rate(settings: str) -> None:
     """The learnability window: a uniform random policy succeeds sometimes, but rarely."""
+    kwargs = {}
+    if settings != "constructor defaults":
+        shipped = yaml.safe_load(SHIPPED.read_text())
+        kwargs = {"max_steps": shipped["max_steps"], "max_delta": shipped["max_delta"]}
+    env = ReachEnv(**kwargs)
     rng = np.random.default_rng(0)
     episodes = 150
     successes = 0
@@ -152,6 +163,7 @@ def test_random_policy_success_rate(env: ReachEnv) -> None:
         successes += steps[-1].success
     rate = successes / episodes
     print(f"random policy success rate: {rate:.3f} over {episodes} episodes")
+    env.close()
     assert 0.05 <= rate <= 0.4
 
 

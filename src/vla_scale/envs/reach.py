@@ -5,7 +5,8 @@ spherical end-effector. Every body is a mocap body, so a step is only kinematics
 an episode costs a few milliseconds of CPU, most of it rendering.
 
 Actions are 7-D in [-1, 1]: [dx, dy, dz, droll, dpitch, dyaw, gripper].
-- dx, dy, dz move the end-effector by `action * max_delta` metres per env step (default MAX_DELTA), clipped to the workspace box.
+- dx, dy, dz move the end-effector by `action * max_delta` metres per env step (default MAX_DELTA), clipped
+  to the workspace box.
 - droll, dpitch, dyaw are ignored (the end-effector is a sphere).
 - gripper is cosmetic: its last value is reported in proprio and tints the end-effector (dark when closed, > 0).
 
@@ -99,8 +100,9 @@ class ReachEnv:
     ACTION_DIM = ACTION_DIM
     PROPRIO_DIM = PROPRIO_DIM
 
-    def __init__(self, camera_resolution: int = 64, max_steps: int = 40, seed: int = 0,
-                 max_delta: float = MAX_DELTA) -> None:
+    def __init__(
+        self, camera_resolution: int = 64, max_steps: int = 40, seed: int = 0, max_delta: float = MAX_DELTA
+    ) -> None:
         if camera_resolution < 1 or max_steps < 1:
             raise ValueError(f"camera_resolution and max_steps must be >= 1, got {camera_resolution}, {max_steps}")
         self.camera_resolution = camera_resolution

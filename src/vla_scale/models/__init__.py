@@ -3,4 +3,12 @@
 from vla_scale.models.policy import OFTPolicy, PolicyInputs, Processor, build_policy
 from vla_scale.models.tokenizer import ActionTokenizer, TextTokenizer, WordTokenizer
 
-__all__ = ["ActionTokenizer", "OFTPolicy", "PolicyInputs", "Processor", "TextTokenizer", "WordTokenizer", "build_policy"]
+__all__ = [
+    "ActionTokenizer",
+    "OFTPolicy",
+    "PolicyInputs",
+    "Processor",
+    "TextTokenizer",
+    "WordTokenizer",
+    "build_policy",
+]
