@@ -12,7 +12,8 @@ from vla_scale.logging import read_scalars
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.vision_dim=32",
-    "model.num_heads=2", "algo.batch_size=2", "algo.group_size=4", "algo.mini_batches=1", "algo.max_resample_rounds=0", "algo.filter_low=0", "algo.filter_high=1",
+    "model.num_heads=2", "algo.batch_size=2", "algo.group_size=4", "algo.mini_batches=1", "algo.max_resample_rounds=0",
+    "algo.filter_low=0", "algo.filter_high=1",
     "env.num_workers=1", "env.sims_per_worker=2", "env.num_eval_init_states=2", "env.max_steps=16", "progress=false",
 ]
 
