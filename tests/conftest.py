@@ -9,3 +9,24 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
 sys.path.insert(0, str(ROOT / "src"))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def tiny_config():
+    """A typed Config of the shipped defaults, shrunk to run a few RL steps in seconds."""
+    from hydra import compose, initialize_config_dir
+
+    from vla_scale.config import register_configs, to_config
+
+    def make(*overrides: str):
+        register_configs()
+        small = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.vision_dim=32",
+                 "model.num_heads=2", "algo.batch_size=2", "algo.group_size=4", "algo.mini_batches=1",
+                 "algo.max_resample_rounds=0", "algo.filter_low=0", "algo.filter_high=1", "env.num_workers=1",
+                 "env.sims_per_worker=2", "env.num_eval_init_states=2", "progress=false", "save_every=0"]
+        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+            return to_config(compose(config_name="config", overrides=small + list(overrides)))
+
+    return make

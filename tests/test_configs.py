@@ -40,7 +40,10 @@ def test_unknown_key_fails_at_load():
 
 
 BAD = [
-    (["algo.batch_size=3", "algo.group_size=3"], ["algo.batch_size*algo.group_size", "env.num_workers", "use a"]),
+    (["algo.batch_size=3", "algo.group_size=3"], ["algo.batch_size*algo.group_size", "env.num_workers", "one of"]),
+    (["env.rollout.pipeline_stage_num=3"], ["= 64 must divide", "env.rollout.pipeline_stage_num", "1*2*2*3 = 12",
+                                            "[1, 2, 4, 8, 16, 32, 64]"]),
+    (["env.rollout.pipeline_stage_num=0"], ["env.rollout.pipeline_stage_num=0 must be >= 1"]),
     (["env.name=libbero"], ["env.name='libbero'", "choose one of"]),
     (["env.suite=libero_spatial"], ["env.suite='libero_spatial'", "choose one of"]),
     (["algo.group_size=1", "algo.batch_size=4"], ["algo.group_size=1", ">= 2"]),

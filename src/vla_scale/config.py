@@ -58,6 +58,33 @@ class ModelConfig:
     """Instruction tokens after padding (prompt included); longer prompts are an error."""
     pad_to_multiple_of: int = 64
     """The vocabulary (text + action bins) is padded to a multiple of this."""
+    vocab_size: int = 0
+    """Padded vocabulary of the Llama backbone (OpenVLA: 32064); 0 sizes it from the tokenizer."""
+    timm_model_ids: list[str] = field(default_factory=list)
+    """Vision towers by timm id (two are fused per patch, e.g. DINOv2 + SigLIP); [] builds one small ViT from
+    vision_dim, vision_layers, patch_size and num_heads."""
+    attention: str = "bidirectional"
+    """Attention of the Llama backbone over the whole sequence: bidirectional (official OFT) or causal."""
+    center_crop: bool = False
+    """Crop the centre 90% of each image's area and resize back, for checkpoints trained with random crops."""
+    checkpoint: str = ""
+    """Folder of an OpenVLA-OFT checkpoint to load (config.json, model.safetensors, ...); '' starts from random."""
+    unnorm_key: str = ""
+    """Dataset of the checkpoint's norm_stats that normalises proprio and un-normalises actions ('': the only one)."""
+
+
+@dataclass
+class RolloutConfig:
+    pipeline_stage_num: int = 1
+    """Pipeline stages S: while one stage's simulators run, the next stage is decoded (1: sequential)."""
+
+
+@dataclass
+class DisaggSimConfig:
+    enable: bool = False
+    """Place sim workers only on Ray nodes offering the `sim` resource (simulation nodes)."""
+    nnodes: int = 1
+    """Simulation nodes the run expects to find in the Ray cluster."""
 
 
 @dataclass
@@ -84,6 +111,12 @@ class EnvConfig:
     """Simulator subprocesses per sim worker."""
     step_timeout_s: float = 60.0
     """Deadline for one simulator call (reset or one chunk)."""
+    max_failures: int = 3
+    """A simulator process that fails this many times in a row stops the run (each failure restarts it)."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """How the env loop overlaps simulation and decoding."""
+    disagg_sim: DisaggSimConfig = field(default_factory=DisaggSimConfig)
+    """Simulators on separate nodes (disaggregated mode)."""
 
 
 @dataclass
@@ -141,6 +174,16 @@ class DeepSpeedConfig:
 
 
 @dataclass
+class TrainerConfig:
+    nnodes: int = 1
+    """Train/rollout nodes (Ray resource `train_rollout`)."""
+    n_rollout_gpus_per_node: int = 1
+    """GPUs per train/rollout node used by trainer ranks (their rollout engines are colocated)."""
+    n_env_gpus_per_node: int = 0
+    """GPUs per simulation node available to simulators for rendering (0: CPU rendering)."""
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy."""
@@ -152,13 +195,15 @@ class Config:
     """Ray and process placement."""
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     """The DeepSpeed actor."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Node layout of the trainer side."""
     seed: int = 0
     """Seed of the task sampler, the model init and the rollout sampling."""
-    steps: int = 50
+    steps: int = 120
     """RL steps to train."""
-    eval_every: int = 10
+    eval_every: int = 20
     """Evaluate on the held-out init states every this many steps (and at step 0 and at the end)."""
-    save_every: int = 10
+    save_every: int = 40
     """Write a checkpoint every this many steps (and at the end); 0 disables."""
     resume: bool = False
     """Continue from the latest checkpoint in the run directory."""
@@ -213,14 +258,20 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     if not 0.0 <= a.filter_low <= a.filter_high <= 1.0:
         problems.append(f"need 0 <= algo.filter_low ({a.filter_low}) <= algo.filter_high ({a.filter_high}) <= 1")
     episodes = a.batch_size * a.group_size
-    sims = world_size * e.num_workers * e.sims_per_worker
-    if episodes % sims:
-        good = [s for s in _divisors(episodes) if s % world_size == 0]
+    stages = e.rollout.pipeline_stage_num
+    slots = world_size * e.num_workers * e.sims_per_worker * max(stages, 1)
+    if stages < 1:
+        problems.append(f"env.rollout.pipeline_stage_num={stages} must be >= 1")
+    elif episodes % slots:
+        good = [d for d in _divisors(episodes) if d % world_size == 0]
         problems.append(
             f"episodes per step algo.batch_size*algo.group_size = {a.batch_size}*{a.group_size} = {episodes} must "
-            f"divide over ranks*env.num_workers*env.sims_per_worker = {world_size}*{e.num_workers}*"
-            f"{e.sims_per_worker} = {sims}; use a simulator count in {good} or change the batch"
+            f"divide over ranks*env.num_workers*env.sims_per_worker*env.rollout.pipeline_stage_num = {world_size}*"
+            f"{e.num_workers}*{e.sims_per_worker}*{stages} = {slots}; make that product one of {good}, "
+            "or change the batch"
         )
+    if e.disagg_sim.enable and e.disagg_sim.nnodes < 1:
+        problems.append(f"env.disagg_sim.nnodes={e.disagg_sim.nnodes} must be >= 1 when env.disagg_sim.enable=true")
     if a.mini_batches * a.micro_batches > a.group_size:
         problems.append(
             f"algo.mini_batches*algo.micro_batches = {a.mini_batches}*{a.micro_batches} exceeds algo.group_size="
@@ -272,8 +323,9 @@ def field_docs() -> dict[str, list[tuple[str, str, str, str]]]:
 
 def config_markdown() -> str:
     """docs/CONFIG.md: every field with its type, default and meaning."""
-    sections = {"Config": "top level", "ModelConfig": "model", "EnvConfig": "env", "AlgoConfig": "algo",
-                "ParallelConfig": "parallel", "DeepSpeedConfig": "deepspeed"}
+    sections = {"Config": "top level", "ModelConfig": "model", "EnvConfig": "env", "RolloutConfig": "env.rollout",
+                "DisaggSimConfig": "env.disagg_sim", "AlgoConfig": "algo", "ParallelConfig": "parallel",
+                "DeepSpeedConfig": "deepspeed", "TrainerConfig": "trainer"}
     lines = ["# Configuration", "", "Generated from `src/vla_scale/config.py` by `python -m vla_scale.config`; "
              "override any field on the command line (`algo.lr=3e-4`) or pick a group option (`deepspeed=zero2`).", ""]
     docs = field_docs()

@@ -22,14 +22,15 @@ from vla_scale import checkpoint
 from vla_scale.algo import group_advantages, group_success_filter
 from vla_scale.config import Config, as_yaml, validate
 from vla_scale.envs.registry import suite_instructions
+from vla_scale.envs.types import TaskSpec
 from vla_scale.logging import RunLogger, progress
 from vla_scale.models import Processor, WordTokenizer, build_policy
 from vla_scale.models.policy import PolicyInputs
 from vla_scale.parallel.actor import Actor, init_distributed
-from vla_scale.parallel.fleet import SimFleet, start_ray
+from vla_scale.parallel.fleet import SimFleet, sim_node_count, start_ray
 from vla_scale.parallel.weight_sync import SyncReport, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
-from vla_scale.rollout.env_loop import Trajectory, run_episodes
+from vla_scale.rollout.env_loop import EnvLoop, LoopStats, Trajectory
 from vla_scale.rollout.sampler import TaskSampler
 
 
@@ -59,10 +60,25 @@ class Trainer:
         self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
         self.step, self.version = 0, 0
         start_ray(cfg.parallel.ray_address, cfg.parallel.ray_dashboard, cfg.parallel.ray_num_cpus)
+        self.fleet = self._start_fleet()
+        self.loop = EnvLoop(self.fleet, self.engine, self.processor, self.max_chunks)
+        self.next_specs: list[TaskSpec] | None = None
+        self.events: list[tuple[str, float]] = []  # (what, when): shows the reset/update overlap
+
+    def _start_fleet(self) -> SimFleet:
+        cfg = self.cfg
+        disagg = cfg.env.disagg_sim
+        if disagg.enable and sim_node_count() < disagg.nnodes:
+            raise RuntimeError(
+                f"env.disagg_sim.enable=true expects {disagg.nnodes} simulation node(s) offering the 'sim' resource, "
+                f"the Ray cluster has {sim_node_count()}: start them with `ray start --address=<head>:6379 "
+                "--resources='{\"sim\": 1}'` or lower env.disagg_sim.nnodes"
+            )
         env_kwargs = {"camera_resolution": cfg.env.camera_resolution, "max_steps": cfg.env.max_steps,
                       "max_delta": cfg.env.max_delta}
-        self.fleet = SimFleet(cfg.env.name, env_kwargs, cfg.algo.batch_size * cfg.algo.group_size,
-                              cfg.env.num_workers, cfg.env.sims_per_worker, cfg.env.step_timeout_s)
+        return SimFleet(cfg.env.name, env_kwargs, cfg.algo.batch_size * cfg.algo.group_size, cfg.env.num_workers,
+                        cfg.env.sims_per_worker, cfg.env.step_timeout_s, stages=cfg.env.rollout.pipeline_stage_num,
+                        max_failures=cfg.env.max_failures, sim_resource=disagg.enable)
 
     # ---- the loop -------------------------------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
@@ -80,7 +96,13 @@ class Trainer:
             t0 = time.perf_counter()
             batch = self.collect()
             t1 = time.perf_counter()
+            following = self.step + 1
+            if following < cfg.steps and following % cfg.eval_every:  # the next step starts with a rollout
+                self.next_specs = self.sampler.draw(cfg.algo.batch_size)
+                self.loop.prefetch(self._episodes(self.next_specs))  # simulators reset while the actor trains
+                self.events.append(("reset_sent", time.perf_counter()))
             stats = self.update(batch)
+            self.events.append(("update_done", time.perf_counter()))
             t2 = time.perf_counter()
             report = self.sync(self.version + 1)
             t3 = time.perf_counter()
@@ -93,7 +115,9 @@ class Trainer:
                 "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/sync_s": t3 - t2,
                 "sync/version": report.version,
                 **{f"train/{k}": v for k, v in stats.items()},
+                **self.loop.stats.metrics(self.fleet.num_procs),
             }
+            self.loop.stats = LoopStats()
             self.log.scalars(metrics, self.step)
             last.update(metrics)
             bar.update(1)
@@ -115,11 +139,10 @@ class Trainer:
         rates: list[float] = []
         rounds = 0
         while len(kept) < a.batch_size and rounds <= a.max_resample_rounds:
-            specs = self.sampler.draw(a.batch_size)
-            tasks = [spec for spec in specs for _ in range(a.group_size)]
+            specs = self.next_specs if rounds == 0 and self.next_specs else self.sampler.draw(a.batch_size)
+            self.next_specs = None
             uids = [f"{self.step}.{rounds}.{g}" for g in range(a.batch_size) for _ in range(a.group_size)]
-            trajs = run_episodes(tasks, uids, self.fleet, self.engine, self.processor, self.max_chunks,
-                                 a.temperature)
+            trajs = self.loop.run(self._episodes(specs), uids, a.temperature)
             rewards = torch.tensor([t.reward for t in trajs])
             keep = group_success_filter(rewards, uids, a.filter_low, a.filter_high)
             rates.append(rewards.mean().item())
@@ -129,6 +152,9 @@ class Trainer:
                     kept.append(trajs[members])
             rounds += 1
         return StepBatch(kept[: a.batch_size], rates[0], rounds, rounds * a.batch_size * a.group_size)
+
+    def _episodes(self, specs: list[TaskSpec]) -> list[TaskSpec]:
+        return [spec for spec in specs for _ in range(self.cfg.algo.group_size)]
 
     # ---- update -----------------------------------------------------------------------------------------------------
     def update(self, batch: StepBatch) -> dict[str, float]:
@@ -166,8 +192,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         specs = self.sampler.eval_specs()
         uids = [f"eval.{i}" for i in range(len(specs))]
-        trajs = run_episodes(specs, uids, self.fleet, self.engine, self.processor, self.max_chunks,
-                             self.cfg.algo.temperature, greedy=True)
+        trajs = self.loop.run(specs, uids, self.cfg.algo.temperature, greedy=True)
         metrics = {"eval/success_rate": float(np.mean([t.success for t in trajs]))}
         for task in range(self.cfg.env.num_tasks):
             mine = [t.success for t in trajs if t.task.task_id == task]
@@ -180,7 +205,8 @@ class Trainer:
         tag = f"step_{self.step}"
         root = checkpoint.checkpoint_root(self.run_dir)
         state = {"step": self.step, "version": self.version, "sampler": self.sampler.state_dict(),
-                 "engine_rng": self.engine.generator.get_state(), "rng": checkpoint.rng_state()}
+                 "engine_rng": self.engine.generator.get_state(), "rng": checkpoint.rng_state(),
+                 "next_specs": self.next_specs}
         self.actor.save(root, tag, state)
         path = os.path.join(root, tag, "model.safetensors")
         checkpoint.save_weights(self.actor.policy, path, self.cfg.deepspeed.sync_bucket_mb, self.rank == 0)
@@ -198,6 +224,9 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         self.engine.generator.set_state(state["engine_rng"])
         checkpoint.set_rng_state(state["rng"])
+        self.next_specs = state.get("next_specs")
+        if self.next_specs:
+            self.loop.prefetch(self._episodes(self.next_specs))
 
     def close(self) -> None:
         self.fleet.close()

@@ -40,10 +40,12 @@ def test_fleet_places_simulators_on_distinct_processes(setup):
 def test_fleet_answers_in_episode_order(setup):
     fleet, _, _ = setup
     tasks = [TaskSpec("reach", t % 3, t) for t in range(4)]
-    observations = fleet.reset(tasks)
+    fleet.send_reset(tasks, np.ones(4, dtype=bool))
+    observations = fleet.recv()
     assert [o.instruction for o in observations] == [instructions()[t.task_id] for t in tasks]
     active = np.array([True, False, True, False])
-    results = fleet.step(np.zeros((4, 4, 7), dtype=np.float32), active)
+    fleet.send_step(np.zeros((4, 4, 7), dtype=np.float32), active)
+    results = fleet.recv()
     assert [r is None for r in results] == [False, True, False, True]
 
 

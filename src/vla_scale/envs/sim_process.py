@@ -4,8 +4,10 @@ The child is started with the "spawn" context and builds its envs itself (`make_
 state is inherited. It sets MUJOCO_GL=egl when unset, before anything imports mujoco; this module imports neither
 mujoco nor torch.
 
-Protocol (parent -> child): ("reset", tasks) | ("step", chunks, active) | ("close",).
-Child -> parent: ("ok", payload) | ("error", traceback text). A request is answered exactly once.
+Protocol (parent -> child): ("reset", tasks, active) | ("step", chunks, active) | ("close",); slots whose `active`
+flag is off are left alone and answer None. Child -> parent: ("ok", payload, cpu_seconds) | ("error", traceback
+text, cpu_seconds). Requests are answered exactly once, in the order they were sent, so several may be in flight
+(one per pipeline stage); `cpu_seconds` is the child's CPU time spent on the request (simulator busy time).
 
 The halves let a caller fan out to many processes and then gather:
 
@@ -24,6 +26,7 @@ import os
 import signal
 import time
 import traceback
+from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any, Self
 
@@ -57,12 +60,15 @@ def _child_main(conn: Connection, env_name: str, env_kwargs: dict[str, Any], num
             if message[0] == "close":
                 break
             if boot_error is not None:
-                conn.send(("error", f"building env {env_name!r} failed:\n{boot_error}"))
+                conn.send(("error", f"building env {env_name!r} failed:\n{boot_error}", 0.0))
                 continue
+            start = time.process_time()
             try:
-                conn.send(("ok", _serve(envs, message)))
+                payload = _serve(envs, message)
             except Exception:  # noqa: BLE001 - any env failure is sent back and re-raised in the parent
-                conn.send(("error", traceback.format_exc()))
+                conn.send(("error", traceback.format_exc(), time.process_time() - start))
+                continue
+            conn.send(("ok", payload, time.process_time() - start))
     finally:
         for env in envs:
             env.close()
@@ -72,7 +78,8 @@ def _child_main(conn: Connection, env_name: str, env_kwargs: dict[str, Any], num
 def _serve(envs: list[Any], message: tuple) -> list[Any]:
     kind = message[0]
     if kind == "reset":
-        return [env.reset(task) for env, task in zip(envs, message[1], strict=True)]
+        tasks, active = message[1], message[2]
+        return [env.reset(task) if on else None for env, task, on in zip(envs, tasks, active, strict=True)]
     if kind == "step":
         chunks, active = message[1], message[2]
         return [env.step(chunk) if on else None for env, chunk, on in zip(envs, chunks, active, strict=True)]
@@ -80,9 +87,11 @@ def _serve(envs: list[Any], message: tuple) -> list[Any]:
 
 
 class SimProcess:
-    """A subprocess running `num_slots` instances of env `env_name`; one request in flight at a time."""
+    """A subprocess running `num_slots` instances of env `env_name`; requests are answered in order."""
 
-    def __init__(self, env_name: str, num_slots: int = 1, env_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, env_name: str, num_slots: int = 1, env_kwargs: dict[str, Any] | None = None,
+                 boot_timeout_s: float = 120.0) -> None:
+        """`boot_timeout_s`: the deadline of the first answer, which includes starting the child and its envs."""
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         self.env_name = env_name
@@ -100,7 +109,10 @@ class SimProcess:
         child_conn.close()  # so the parent sees EOF when the child dies
         assert self._process.pid is not None
         self._pid: int = self._process.pid
-        self._pending: str | None = None
+        self._pending: deque[str] = deque()
+        self._booted = False
+        self.boot_timeout_s = boot_timeout_s
+        self.busy_s = 0.0
         self.broken = False
         self._closed = False
 
@@ -116,25 +128,31 @@ class SimProcess:
 
     def _fail(self, call: str | None, why: str) -> SimulatorError:
         self.broken = True
-        self._pending = None
+        self._pending.clear()
         return SimulatorError(f"{self._describe(call)}: {why}")
 
     def _send(self, call: str, message: tuple) -> None:
         if self._closed or self.broken:
             raise SimulatorError(f"{self._describe(call)}: process is {'closed' if self._closed else 'broken'}")
-        if self._pending is not None:
-            raise RuntimeError(f"{self._describe(call)}: answer to {self._pending!r} not received yet")
         try:
             self._conn.send(message)
         except (BrokenPipeError, OSError) as exc:
             raise self._fail(call, f"child is gone (exitcode={self._process.exitcode}): {exc!r}") from exc
-        self._pending = call
+        self._pending.append(call)
 
-    def send_reset(self, tasks: list[TaskSpec]) -> None:
-        """Start resetting every slot to its task (one per slot); collect the observations with recv()."""
+    @property
+    def pending(self) -> int:
+        """Requests sent and not yet answered."""
+        return len(self._pending)
+
+    def send_reset(self, tasks: list[TaskSpec | None], active: np.ndarray | None = None) -> None:
+        """Start resetting the active slots (default: all) to their tasks; collect the observations with recv()."""
         if len(tasks) != self.num_slots:
             raise ValueError(f"need one task per slot ({self.num_slots}), got {len(tasks)}")
-        self._send("reset", ("reset", list(tasks)))
+        mask = np.ones(self.num_slots, dtype=bool) if active is None else np.asarray(active, dtype=bool)
+        if any(task is None for task, on in zip(tasks, mask, strict=True) if on):
+            raise ValueError("every active slot needs a task")
+        self._send("reset", ("reset", list(tasks), mask))
 
     def send_step(self, chunks: np.ndarray, active: np.ndarray) -> None:
         """Start stepping the active slots with their chunks [num_slots, T, A]; inactive slots answer None."""
@@ -146,21 +164,25 @@ class SimProcess:
             raise ValueError(f"active must have shape [{self.num_slots}], got {active.shape}")
         self._send("step", ("step", chunks, active))
 
-    def recv(self, timeout_s: float) -> list[Observation] | list[ChunkStep | None]:
-        """The answer to the pending request, waiting at most timeout_s seconds."""
-        call = self._pending
-        if call is None:
-            raise RuntimeError(f"{self._describe(call)}: recv() without a pending request")
+    def recv(self, timeout_s: float) -> list[Observation | None] | list[ChunkStep | None]:
+        """The answer to the oldest pending request, waiting at most timeout_s seconds."""
+        if not self._pending:
+            raise RuntimeError(f"{self._describe(None)}: recv() without a pending request")
+        call = self._pending[0]
+        if not self._booted:
+            timeout_s = max(timeout_s, self.boot_timeout_s)
         deadline = time.monotonic() + timeout_s
         try:
             ready = self._conn.poll(max(0.0, deadline - time.monotonic()))
             if not ready:
                 raise self._fail(call, f"no answer within {timeout_s:.3f}s (alive={self.is_alive()})")
-            status, payload = self._conn.recv()
+            status, payload, busy_s = self._conn.recv()
         except (EOFError, OSError) as exc:
             self._process.join(timeout=1.0)
             raise self._fail(call, f"child died (exitcode={self._process.exitcode})") from exc
-        self._pending = None
+        self._pending.popleft()
+        self._booted = True
+        self.busy_s += busy_s
         if status == "error":
             raise SimulatorError(f"{self._describe(call)}: raised in the child:\n{payload}")
         return payload

@@ -1,40 +1,141 @@
-"""The simulator fleet: Ray sim workers, each running its simulators in subprocesses.
+"""The simulator fleet: Ray sim workers, each running its simulators in subprocesses, answering per pipeline stage.
 
 Layout: a trainer rank drives `env.num_workers` Ray actors (`SimWorker`); each runs `env.sims_per_worker`
-`SimProcess`es; each process hosts `slots` simulators. Episode i of a call lives in worker i // (slots*sims),
-process (i // slots) % sims, slot i % slots. A worker sends a call to all its processes before it waits for any,
-so its simulators run concurrently. Neither this module nor the sim workers import torch.
+`SimProcess`es; each process hosts `slots` simulators. Fleet slot f lives in worker f // per_worker, process
+(f % per_worker) // slots, local slot f % slots. With S pipeline stages every process hosts slots of every stage:
+local slots [s*m, (s+1)*m), m = slots / S, belong to stage s, so each stage keeps every process busy.
+
+Requests are answered in the order they were sent (one request per stage may be in flight), and `recv()` returns
+the oldest one. A worker sends each request to all its processes before it waits for any.
+
+Faults: a process that dies, misses its deadline or raises is closed and replaced; its running episodes are reset
+to their initial states and reported as `Restarted` (the env loop starts them again), also for slots the trainer
+was still deciding on. After `max_failures` failures in a row of one process the worker raises `SimulatorError`
+naming the worker, process and tasks. Neither this module nor the sim workers import torch.
 """
 
 from __future__ import annotations
 
 import os
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import ray
 
-from vla_scale.envs.sim_process import SimProcess
+from vla_scale.envs.sim_process import SimProcess, SimulatorError
 from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
+
+
+@dataclass
+class Restarted:
+    """The slot's simulator was restarted: its episode begins again from this initial observation."""
+
+    observation: Observation
+
+
+SlotResult = Observation | ChunkStep | Restarted | None
+
+
+@dataclass
+class WorkerReply:
+    results: list[SlotResult]
+    busy_s: float  # simulator CPU seconds spent on this request
+    restarts: int
 
 
 class SimWorker:
     """A Ray actor owning `sims` simulator processes of `slots` simulators each."""
 
-    def __init__(self, env_name: str, env_kwargs: dict[str, Any], sims: int, slots: int, timeout_s: float):
-        self.slots, self.timeout_s = slots, timeout_s
+    def __init__(self, index: int, env_name: str, env_kwargs: dict[str, Any], sims: int, slots: int,
+                 timeout_s: float, max_failures: int):
+        self.index, self.env_name, self.env_kwargs = index, env_name, env_kwargs
+        self.slots, self.timeout_s, self.max_failures = slots, timeout_s, max_failures
         self.procs = [SimProcess(env_name, slots, env_kwargs) for _ in range(sims)]
+        size = sims * slots
+        self.tasks: list[TaskSpec | None] = [None] * size
+        self.running = np.zeros(size, dtype=bool)
+        self.lost: dict[int, Observation] = {}  # slot -> initial observation after a restart, not yet reported
+        self.orphaned = [0] * sims  # requests lost with a replaced process, still to be answered
+        self.failures = [0] * sims
+        self.requests: deque[np.ndarray] = deque()
 
-    def reset(self, tasks: list[TaskSpec]) -> list[Observation]:
-        for k, proc in enumerate(self.procs):
-            proc.send_reset(tasks[k * self.slots : (k + 1) * self.slots])
-        return [obs for proc in self.procs for obs in proc.recv(self.timeout_s)]
+    def _part(self, k: int) -> slice:
+        return slice(k * self.slots, (k + 1) * self.slots)
 
-    def step(self, chunks: np.ndarray, active: np.ndarray) -> list[ChunkStep | None]:
+    def send_reset(self, tasks: list[TaskSpec | None], mask: np.ndarray) -> None:
+        for j in np.flatnonzero(mask):
+            self.tasks[j], self.running[j] = tasks[j], True
+            self.lost.pop(int(j), None)
+        self._send(mask, lambda proc, part: proc.send_reset(tasks[part], mask[part]))
+
+    def send_step(self, chunks: np.ndarray, mask: np.ndarray) -> None:
+        live = mask.copy()
+        live[list(self.lost)] = False  # lost slots are answered with Restarted, not stepped
+        self._send(mask, lambda proc, part: proc.send_step(chunks[part], live[part]))
+
+    def _send(self, mask: np.ndarray, send) -> None:
+        self.requests.append(mask.copy())
         for k, proc in enumerate(self.procs):
-            part = slice(k * self.slots, (k + 1) * self.slots)
-            proc.send_step(chunks[part], active[part])
-        return [result for proc in self.procs for result in proc.recv(self.timeout_s)]
+            try:
+                send(proc, self._part(k))
+            except SimulatorError:
+                pass  # the process is gone: recv() finds out and replaces it
+
+    def recv(self) -> WorkerReply:
+        """Answer the oldest request; replace any process that fails on the way."""
+        mask = self.requests.popleft()
+        results: list[SlotResult] = [None] * len(self.tasks)
+        busy = 0.0
+        restarts = 0
+        for k, proc in enumerate(self.procs):
+            if self.orphaned[k]:
+                self.orphaned[k] -= 1
+                continue
+            before = proc.busy_s
+            try:
+                if proc.broken or not proc.pending:
+                    raise SimulatorError(f"simulator pid={proc.pid} env={self.env_name!r}: process is broken")
+                results[self._part(k)] = proc.recv(self.timeout_s)
+                self.failures[k] = 0
+                busy += proc.busy_s - before
+            except SimulatorError as err:
+                self.orphaned[k] = len(self.requests)  # every later request was lost with this process too
+                self._replace(k, err)
+                restarts += 1
+        for j in np.flatnonzero(mask):
+            if int(j) in self.lost:
+                results[j] = Restarted(self.lost.pop(int(j)))
+            elif isinstance(results[j], ChunkStep) and results[j].done:
+                self.running[j] = False
+        return WorkerReply(results, busy, restarts)
+
+    def _replace(self, k: int, err: SimulatorError) -> None:
+        """Start a fresh process for slots of process k and reset its running episodes to their initial states."""
+        part = self._part(k)
+        while True:
+            self.failures[k] += 1
+            tasks = [t for t, on in zip(self.tasks[part], self.running[part], strict=True) if on]
+            if self.failures[k] >= self.max_failures:
+                raise SimulatorError(
+                    f"sim worker {self.index} process {k} ({self.env_name}) failed {self.failures[k]} times in a "
+                    f"row, running tasks {tasks}; last error: {err}"
+                )
+            self.procs[k].close()
+            self.procs[k] = SimProcess(self.env_name, self.slots, self.env_kwargs)
+            mask = self.running[part].copy()
+            if not mask.any():
+                return
+            try:
+                self.procs[k].send_reset(self.tasks[part], mask)
+                observations = self.procs[k].recv(self.timeout_s)
+            except SimulatorError as again:
+                err = again
+                continue
+            for local in np.flatnonzero(mask):
+                self.lost[part.start + int(local)] = observations[local]
+            return
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -64,33 +165,70 @@ def start_ray(address: str = "", dashboard: bool = False, num_cpus: int = 0) -> 
     )
 
 
+def sim_node_count() -> int:
+    """Alive Ray nodes that offer the `sim` resource."""
+    return sum(1 for node in ray.nodes() if node.get("Alive") and node.get("Resources", {}).get("sim", 0) > 0)
+
+
+@dataclass
+class FleetStats:
+    busy_s: float = 0.0
+    restarts: int = 0
+
+
 class SimFleet:
-    """`size` simulators spread over `num_workers` Ray sim workers; reset/step take one entry per simulator."""
+    """`size` simulators over `num_workers` Ray sim workers, split into `stages` pipeline stages.
+
+    `send_reset`/`send_step` take full-size arrays with a mask of the slots concerned; `recv()` answers the oldest
+    request with one entry per slot (None outside its mask).
+    """
 
     def __init__(self, env_name: str, env_kwargs: dict[str, Any], size: int, num_workers: int, sims_per_worker: int,
-                 timeout_s: float):
-        per_proc, rest = divmod(size, num_workers * sims_per_worker)
+                 timeout_s: float, stages: int = 1, max_failures: int = 3, sim_resource: bool = False):
+        per_proc, rest = divmod(size, num_workers * sims_per_worker * stages)
         if rest or per_proc == 0:
-            raise ValueError(f"{size} simulators do not divide over {num_workers} workers x {sims_per_worker} sims")
-        self.size, self.per_worker = size, size // num_workers
-        remote = ray.remote(num_cpus=0)(SimWorker)
-        self.workers = [remote.remote(env_name, env_kwargs, sims_per_worker, per_proc, timeout_s)
-                        for _ in range(num_workers)]
+            raise ValueError(f"{size} simulators do not divide over {num_workers} workers x {sims_per_worker} "
+                             f"processes x {stages} stages")
+        self.size, self.per_worker, self.stages = size, size // num_workers, stages
+        self.slots = size // (num_workers * sims_per_worker)
+        self.num_procs = num_workers * sims_per_worker
+        options: dict[str, Any] = {"num_cpus": 0}
+        if sim_resource:
+            options["resources"] = {"sim": 0.001}
+        remote = ray.remote(**options)(SimWorker)
+        self.workers = [remote.remote(i, env_name, env_kwargs, sims_per_worker, self.slots, timeout_s, max_failures)
+                        for i in range(num_workers)]
+        self.stats = FleetStats()
 
-    def reset(self, tasks: list[TaskSpec]) -> list[Observation]:
-        assert len(tasks) == self.size, f"fleet of {self.size} simulators got {len(tasks)} tasks"
-        calls = [w.reset.remote(tasks[i * self.per_worker : (i + 1) * self.per_worker])
-                 for i, w in enumerate(self.workers)]
-        return [obs for part in ray.get(calls) for obs in part]
+    def stage_of(self) -> np.ndarray:
+        """Stage of every fleet slot."""
+        per_stage = self.slots // self.stages
+        return (np.arange(self.size) % self.slots) // per_stage
 
-    def step(self, chunks: np.ndarray, active: np.ndarray) -> list[ChunkStep | None]:
-        calls = []
+    def _split(self, array: Any, i: int) -> Any:
+        return array[i * self.per_worker : (i + 1) * self.per_worker]
+
+    def send_reset(self, tasks: list[TaskSpec | None], mask: np.ndarray) -> None:
         for i, worker in enumerate(self.workers):
-            part = slice(i * self.per_worker, (i + 1) * self.per_worker)
-            calls.append(worker.step.remote(chunks[part], active[part]))
-        return [result for part in ray.get(calls) for result in part]
+            worker.send_reset.remote(self._split(tasks, i), self._split(mask, i))
+
+    def send_step(self, chunks: np.ndarray, mask: np.ndarray) -> None:
+        for i, worker in enumerate(self.workers):
+            worker.send_step.remote(self._split(chunks, i), self._split(mask, i))
+
+    def recv(self) -> list[SlotResult]:
+        replies: list[WorkerReply] = ray.get([worker.recv.remote() for worker in self.workers])
+        for reply in replies:
+            self.stats.busy_s += reply.busy_s
+            self.stats.restarts += reply.restarts
+        return [result for reply in replies for result in reply.results]
+
+    def pids(self) -> list[int]:
+        return [pid for part in ray.get([w.pids.remote() for w in self.workers]) for pid in part]
 
     def close(self) -> None:
-        ray.get([w.close.remote() for w in self.workers])
-        for worker in self.workers:
-            ray.kill(worker)
+        try:
+            ray.get([w.close.remote() for w in self.workers])
+        finally:
+            for worker in self.workers:
+                ray.kill(worker)

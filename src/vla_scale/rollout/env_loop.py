@@ -1,19 +1,26 @@
-"""The env loop: episodes on the simulator fleet, decoded by the rollout engine, collected as trajectories.
+"""The pipelined env loop: episodes on the simulator fleet, decoded by the rollout engine, kept as trajectories.
 
-One stage: at every chunk step all still-running episodes are decoded in one batch, their chunks are stepped on
-the fleet, and episodes that ended drop out. More episodes than the fleet has simulators run in rounds; a round is
-padded with inactive copies, which are never decoded or stepped.
+The fleet's slots are split into S stages. The loop keeps one request per stage in flight and always serves the
+oldest: it waits for stage s's observations, decodes stage s's running episodes in one batch, sends their chunks
+to the simulators without waiting, and moves on to the next stage. With S >= 2 the simulators of one stage run
+while another stage is decoded. With S = 1 it is the plain sequential loop.
+
+More episodes than the fleet has slots run in rounds (a round is padded with inactive slots). `prefetch(tasks)`
+sends the first round's resets early, so the simulators reset while the caller does other work (the update).
+An episode whose simulator was restarted begins again from its initial state; its partial record is dropped.
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from vla_scale.envs.types import Observation, TaskSpec
+from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
 from vla_scale.models.policy import Processor
-from vla_scale.parallel.fleet import SimFleet
+from vla_scale.parallel.fleet import Restarted, SimFleet
 from vla_scale.rollout.engine import RolloutEngine
 
 
@@ -27,7 +34,7 @@ class Trajectory:
 
     task: TaskSpec
     uid: str
-    instruction: str
+    instruction: str = ""
     images: list[np.ndarray] = field(default_factory=list)  # uint8[H, W, 3] per chunk step
     proprio: list[np.ndarray] = field(default_factory=list)
     tokens: list[np.ndarray] = field(default_factory=list)  # int64[chunk*action_dim]
@@ -35,6 +42,7 @@ class Trajectory:
     versions: list[int] = field(default_factory=list)
     success: bool = False
     env_steps: int = 0
+    restarts: int = 0
 
     @property
     def reward(self) -> float:
@@ -43,57 +51,143 @@ class Trajectory:
     def __len__(self) -> int:
         return len(self.tokens)
 
-
-def run_episodes(
-    tasks: list[TaskSpec],
-    uids: list[str],
-    fleet: SimFleet,
-    engine: RolloutEngine,
-    processor: Processor,
-    max_chunks: int,
-    temperature: float,
-    greedy: bool = False,
-    camera: str = "agentview",
-) -> list[Trajectory]:
-    """Play every task once; trajectories come back in the order of `tasks`."""
-    out: list[Trajectory] = []
-    for start in range(0, len(tasks), fleet.size):
-        round_tasks = tasks[start : start + fleet.size]
-        out.extend(
-            _run_round(round_tasks, uids[start : start + fleet.size], fleet, engine, processor, max_chunks,
-                       temperature, greedy, camera)
-        )
-    return out
+    def restart(self) -> None:
+        """Forget what was recorded: the episode starts again from its initial state."""
+        self.images, self.proprio, self.tokens, self.logprobs, self.versions = [], [], [], [], []
+        self.success, self.env_steps = False, 0
+        self.restarts += 1
 
 
-def _run_round(tasks, uids, fleet, engine, processor, max_chunks, temperature, greedy, camera) -> list[Trajectory]:
-    n = len(tasks)
-    padded = tasks + [tasks[0]] * (fleet.size - n)
-    observations: list[Observation] = fleet.reset(padded)
-    trajs = [Trajectory(task, uids[i], observations[i].instruction) for i, task in enumerate(tasks)]
-    active = np.zeros(fleet.size, dtype=bool)
-    active[:n] = True
-    for _ in range(max_chunks):
-        idx = np.flatnonzero(active)
-        if idx.size == 0:
-            break
-        decoded = engine.decode(processor([observations[i] for i in idx]), temperature, greedy)
-        chunks = np.zeros((fleet.size, *decoded.actions.shape[1:]), dtype=np.float32)
-        chunks[idx] = decoded.actions
-        for row, i in enumerate(idx):
-            traj = trajs[i]
-            traj.images.append(observations[i].images[camera])
-            traj.proprio.append(observations[i].proprio)
+@dataclass
+class LoopStats:
+    """Where the time of the loop went (seconds) and how much simulation it got through."""
+
+    wall_s: float = 0.0
+    decode_s: float = 0.0
+    wait_s: float = 0.0  # decode side idle: blocked on the simulators
+    sim_busy_s: float = 0.0  # simulator CPU time, all processes
+    env_steps: int = 0
+    restarts: int = 0
+
+    def metrics(self, num_procs: int) -> dict[str, float]:
+        wall = max(self.wall_s, 1e-9)
+        return {
+            "rollout/decode_utilisation": self.decode_s / wall,
+            "rollout/env_utilisation": self.sim_busy_s / (wall * num_procs),
+            "rollout/decode_wait_s": self.wait_s,
+            "rollout/env_wait_s": max(wall * num_procs - self.sim_busy_s, 0.0),
+            "rollout/env_steps_per_s": self.env_steps / wall,
+            "rollout/restarts": float(self.restarts),
+        }
+
+
+class EnvLoop:
+    def __init__(self, fleet: SimFleet, engine: RolloutEngine, processor: Processor, max_chunks: int,
+                 camera: str = "agentview"):
+        self.fleet, self.engine, self.processor = fleet, engine, processor
+        self.max_chunks, self.camera = max_chunks, camera
+        self.stage = fleet.stage_of()
+        self._prefetched: list[TaskSpec] | None = None
+        self.stats = LoopStats()
+
+    def prefetch(self, tasks: list[TaskSpec]) -> None:
+        """Send the resets of the first round of `tasks` now; `run(tasks, ...)` then starts from them."""
+        self._send_resets(tasks[: self.fleet.size])
+        self._prefetched = list(tasks[: self.fleet.size])
+
+    def cancel_prefetch(self) -> None:
+        """Collect and drop the answers to prefetched resets that will not be used."""
+        if self._prefetched is not None:
+            for _ in range(self.fleet.stages):
+                self.fleet.recv()
+            self._prefetched = None
+
+    def run(self, tasks: list[TaskSpec], uids: list[str], temperature: float, greedy: bool = False
+            ) -> list[Trajectory]:
+        """Play every task once; trajectories come back in the order of `tasks`."""
+        out: list[Trajectory] = []
+        for start in range(0, len(tasks), self.fleet.size):
+            part = tasks[start : start + self.fleet.size]
+            if self._prefetched is not None and self._prefetched != part:
+                self.cancel_prefetch()
+            if self._prefetched is None:
+                self._send_resets(part)
+            self._prefetched = None
+            out.extend(self._run_round(part, uids[start : start + self.fleet.size], temperature, greedy))
+        return out
+
+    def _send_resets(self, tasks: list[TaskSpec]) -> None:
+        padded: list[TaskSpec | None] = list(tasks) + [None] * (self.fleet.size - len(tasks))
+        active = np.arange(self.fleet.size) < len(tasks)
+        for s in range(self.fleet.stages):
+            self.fleet.send_reset(padded, active & (self.stage == s))
+
+    def _run_round(self, tasks: list[TaskSpec], uids: list[str], temperature: float, greedy: bool
+                   ) -> list[Trajectory]:
+        size = self.fleet.size
+        trajs = [Trajectory(task, uid) for task, uid in zip(tasks, uids, strict=True)]
+        running = np.arange(size) < len(tasks)
+        chunks_done = np.zeros(size, dtype=int)
+        observations: list[Observation | None] = [None] * size
+        busy0, restarts0 = self.fleet.stats.busy_s, self.fleet.stats.restarts
+        start = time.perf_counter()
+        outstanding = deque(range(self.fleet.stages))
+        while outstanding:
+            s = outstanding.popleft()
+            waited = time.perf_counter()
+            results = self.fleet.recv()
+            self.stats.wait_s += time.perf_counter() - waited
+            mine = np.flatnonzero(running & (self.stage == s))
+            for i in mine:
+                self._apply(i, results[i], trajs[i], observations, running, chunks_done)
+            todo = [i for i in mine if running[i]]
+            if todo:
+                self._decode_and_send(todo, s, trajs, observations, chunks_done, temperature, greedy)
+                outstanding.append(s)
+        self.stats.wall_s += time.perf_counter() - start
+        self.stats.sim_busy_s += self.fleet.stats.busy_s - busy0
+        self.stats.restarts += self.fleet.stats.restarts - restarts0
+        return trajs
+
+    def _apply(self, i: int, result, traj: Trajectory, observations, running, chunks_done) -> None:
+        if isinstance(result, Restarted):
+            traj.restart()
+            observations[i], chunks_done[i] = result.observation, 0
+        elif isinstance(result, ChunkStep):
+            observations[i] = result.observation
+            traj.env_steps += result.steps_taken
+            self.stats.env_steps += result.steps_taken
+            if result.done or chunks_done[i] >= self.max_chunks:
+                running[i] = False
+                traj.success = result.success
+        elif isinstance(result, Observation):
+            observations[i] = result
+            traj.instruction = result.instruction
+        else:
+            raise RuntimeError(f"slot {i} got no answer for its request ({result!r})")
+
+    def _decode_and_send(self, todo, s, trajs, observations, chunks_done, temperature, greedy) -> None:
+        t0 = time.perf_counter()
+        decoded = self.engine.decode(self.processor([observations[i] for i in todo]), temperature, greedy)
+        self.stats.decode_s += time.perf_counter() - t0
+        chunks = np.zeros((self.fleet.size, *decoded.actions.shape[1:]), dtype=np.float32)
+        chunks[todo] = decoded.actions
+        for row, i in enumerate(todo):
+            obs, traj = observations[i], trajs[i]
+            traj.instruction = obs.instruction
+            traj.images.append(obs.images[self.camera])
+            traj.proprio.append(obs.proprio)
             traj.tokens.append(decoded.tokens[row])
             traj.logprobs.append(decoded.logprobs[row])
             traj.versions.append(decoded.version)
-        results = fleet.step(chunks, active)
-        for i in idx:
-            result = results[i]
-            assert result is not None
-            observations[i] = result.observation
-            trajs[i].env_steps += result.steps_taken
-            if result.done:
-                active[i] = False
-                trajs[i].success = result.success
-    return trajs
+            chunks_done[i] += 1
+        mask = np.zeros(self.fleet.size, dtype=bool)
+        mask[todo] = True
+        self.fleet.send_step(chunks, mask)
+
+
+def run_episodes(tasks: list[TaskSpec], uids: list[str], fleet: SimFleet, engine: RolloutEngine,
+                 processor: Processor, max_chunks: int, temperature: float, greedy: bool = False
+                 ) -> list[Trajectory]:
+    """Play every task once with a fresh loop (see EnvLoop)."""
+    return EnvLoop(fleet, engine, processor, max_chunks).run(tasks, uids, temperature, greedy)

@@ -1,0 +1,174 @@
+"""Does pipelining hide simulation behind decoding? The same rollout with S = 1, 2 and 4 stages, side by side.
+
+Real parts only: the OFT-shaped policy decodes on one core (torch with one thread, pinned to core 0); the embedded
+MuJoCo task steps and renders in simulator processes pinned to core 1. The end-effector speed is set to zero so
+that no episode ends early and every S plays exactly the same workload (N episodes x max_steps env steps, one
+render per chunk). Policy width and simulator count are options so decode and simulation cost can be balanced.
+
+Columns: wall time, speedup over S=1, wall / max(sim busy, decode busy) (1.00 = perfect overlap), and the busy
+seconds of each side. Then env steps/s through the fleet against the same simulators stepped in plain processes.
+
+    python benchmarks/pipeline_overlap.py [--episodes 64 --hidden 256 --layers 4 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import time
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+import torch  # noqa: E402
+
+from vla_scale.config import ModelConfig  # noqa: E402
+from vla_scale.envs.reach import instructions  # noqa: E402
+from vla_scale.envs.types import TaskSpec  # noqa: E402
+from vla_scale.models import Processor, WordTokenizer, build_policy  # noqa: E402
+from vla_scale.parallel.fleet import SimFleet, start_ray  # noqa: E402
+from vla_scale.rollout.engine import RolloutEngine  # noqa: E402
+from vla_scale.rollout.env_loop import EnvLoop  # noqa: E402
+
+DECODE_CORE, SIM_CORE = 0, 1
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--episodes", type=int, default=64, help="episodes per rollout (all stages together)")
+    p.add_argument("--sims", type=int, default=2, help="simulator processes (one Ray sim worker)")
+    p.add_argument("--max-steps", type=int, default=48, help="env steps per episode")
+    p.add_argument("--chunk", type=int, default=8, help="actions per chunk")
+    p.add_argument("--resolution", type=int, default=64, help="camera side in pixels")
+    p.add_argument("--hidden", type=int, default=192, help="Llama width of the policy")
+    p.add_argument("--layers", type=int, default=4, help="Llama layers of the policy")
+    p.add_argument("--repeats", type=int, default=2, help="timed rollouts per S (the best is kept)")
+    return p.parse_args()
+
+
+def pin(pids: list[int], core: int) -> None:
+    if (os.cpu_count() or 1) >= 2:
+        for pid in pids:
+            os.sched_setaffinity(pid, {core})
+
+
+def env_kwargs(args: argparse.Namespace, endless: bool = False) -> dict:
+    """The end-effector never moves (max_delta 0), so episodes end only at max_steps (never, when `endless`)."""
+    max_steps = 10**9 if endless else args.max_steps
+    return {"camera_resolution": args.resolution, "max_steps": max_steps, "max_delta": 0.0}
+
+
+def tasks(n: int) -> list[TaskSpec]:
+    return [TaskSpec("reach", i % 3, i % 50) for i in range(n)]
+
+
+def rollout_row(args: argparse.Namespace, stages: int, engine: RolloutEngine, processor: Processor) -> dict:
+    fleet = SimFleet("reach", env_kwargs(args), args.episodes, 1, args.sims, timeout_s=120, stages=stages)
+    try:
+        pin(fleet.pids(), SIM_CORE)
+        loop = EnvLoop(fleet, engine, processor, max_chunks=-(-args.max_steps // args.chunk))
+        specs, uids = tasks(args.episodes), [str(i) for i in range(args.episodes)]
+        loop.run(specs, uids, 1.0, greedy=True)  # warm-up: renderers, allocator
+        best = None
+        for _ in range(args.repeats):
+            loop.stats = type(loop.stats)()
+            loop.run(specs, uids, 1.0, greedy=True)
+            if best is None or loop.stats.wall_s < best.wall_s:
+                best = loop.stats
+        assert best is not None and best.env_steps == args.episodes * args.max_steps
+        return {"S": stages, "wall": best.wall_s, "sim": best.sim_busy_s, "decode": best.decode_s,
+                "steps": best.env_steps}
+    finally:
+        fleet.close()
+
+
+def _raw_worker(args: argparse.Namespace, slots: int, chunks: int, out: mp.Queue) -> None:
+    os.sched_setaffinity(0, {SIM_CORE})
+    from vla_scale.envs.registry import make_env
+
+    envs = [make_env("reach", **env_kwargs(args, endless=True)) for _ in range(slots)]
+    for env, task in zip(envs, tasks(slots), strict=True):
+        env.reset(task)
+    chunk = np.zeros((args.chunk, 7), dtype=np.float32)
+    start = time.perf_counter()
+    steps = 0
+    for _ in range(chunks):
+        for env in envs:
+            steps += env.step(chunk).steps_taken
+    out.put((steps, time.perf_counter() - start))
+
+
+def raw_steps_per_s(args: argparse.Namespace, chunks: int) -> float:
+    """The same simulators stepped directly in plain processes, no fleet in between."""
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()
+    slots = args.episodes // args.sims
+    procs = [ctx.Process(target=_raw_worker, args=(args, slots, chunks, out)) for _ in range(args.sims)]
+    for proc in procs:
+        proc.start()
+    results = [out.get() for _ in procs]
+    for proc in procs:
+        proc.join()
+    return sum(s for s, _ in results) / max(t for _, t in results)
+
+
+def fleet_steps_per_s(args: argparse.Namespace, chunks: int) -> float:
+    """Env steps/s through the Ray fleet: two requests in flight, chunks sent as soon as the answer arrives."""
+    fleet = SimFleet("reach", env_kwargs(args, endless=True), args.episodes, 1, args.sims, timeout_s=120, stages=2)
+    try:
+        pin(fleet.pids(), SIM_CORE)
+        stage = fleet.stage_of()
+        everything = np.ones(args.episodes, dtype=bool)
+        fleet.send_reset(tasks(args.episodes), everything)
+        fleet.recv()
+        zeros = np.zeros((args.episodes, args.chunk, 7), dtype=np.float32)
+        for s in range(2):
+            fleet.send_step(zeros, stage == s)
+        steps, start = 0, time.perf_counter()
+        for i in range(2 * chunks):
+            results = fleet.recv()
+            steps += sum(r.steps_taken for r in results if r is not None)
+            if i < 2 * chunks - 2:
+                fleet.send_step(zeros, stage == i % 2)
+        return steps / (time.perf_counter() - start)
+    finally:
+        fleet.close()
+
+
+def main() -> None:
+    args = parse()
+    torch.set_num_threads(1)
+    pin([os.getpid()], DECODE_CORE)
+    start_ray(num_cpus=2)
+    cfg = ModelConfig(hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_layers=args.layers,
+                      chunk_len=args.chunk, patch_size=16)
+    tokenizer = WordTokenizer.from_instructions(instructions())
+    torch.manual_seed(0)
+    engine = RolloutEngine(build_policy(cfg, tokenizer))
+    processor = Processor(cfg, tokenizer)
+    rows = [rollout_row(args, s, engine, processor) for s in (1, 2, 4)]
+    base = rows[0]["wall"]
+    print(f"\nworkload: {args.episodes} episodes x {args.max_steps} env steps, chunk {args.chunk}, "
+          f"{args.sims} simulator processes on core {SIM_CORE}, decode on core {DECODE_CORE} "
+          f"(Llama {args.layers}x{args.hidden})")
+    print(f"{'S':>3} {'wall s':>8} {'speedup':>8} {'wall/max':>9} {'sim busy s':>11} {'decode busy s':>14}")
+    for r in rows:
+        r["speedup"] = base / r["wall"]
+        r["over_max"] = r["wall"] / max(r["sim"], r["decode"])
+        print(f"{r['S']:>3} {r['wall']:>8.2f} {r['speedup']:>8.2f} {r['over_max']:>9.2f} {r['sim']:>11.2f} "
+              f"{r['decode']:>14.2f}")
+    chunks = 2 * -(-args.max_steps // args.chunk) * args.repeats
+    raw = raw_steps_per_s(args, chunks)
+    fleet = fleet_steps_per_s(args, chunks)
+    print(f"\nenv steps/s: fleet {fleet:.0f}, plain processes {raw:.0f}, ratio {fleet / raw:.2f}")
+    ray.shutdown()
+    s2 = rows[1]
+    print(f"pipeline: s2_speedup={s2['speedup']:.2f} s2_wall_over_max={s2['over_max']:.2f} "
+          f"fleet_over_raw={fleet / raw:.2f}")
+
+
+if __name__ == "__main__":
+    main()

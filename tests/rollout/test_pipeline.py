@@ -1,0 +1,150 @@
+"""Pipelined env loop and fault handling on the real Ray fleet with real MuJoCo simulator processes."""
+
+import os
+import random
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from vla_scale.config import ModelConfig
+from vla_scale.envs.reach import instructions
+from vla_scale.envs.sim_process import SimulatorError
+from vla_scale.envs.types import TaskSpec
+from vla_scale.models import Processor, WordTokenizer, build_policy
+from vla_scale.parallel.fleet import Restarted, SimFleet, start_ray
+from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.rollout.env_loop import EnvLoop
+
+CFG = ModelConfig(image_size=32, patch_size=16, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
+                  intermediate_size=64, chunk_len=4)
+
+
+@pytest.fixture(scope="module")
+def parts():
+    start_ray(num_cpus=2)
+    tok = WordTokenizer.from_instructions(instructions())
+    torch.manual_seed(0)
+    yield RolloutEngine(build_policy(CFG, tok), seed=0), Processor(CFG, tok)
+    ray.shutdown()
+
+
+def make_fleet(stages: int, max_steps: int = 12, timeout_s: float = 60.0, max_failures: int = 3) -> SimFleet:
+    return SimFleet("reach", {"camera_resolution": 32, "max_steps": max_steps}, size=8,
+                    num_workers=2 if stages < 4 else 1, sims_per_worker=2, timeout_s=timeout_s, stages=stages,
+                    max_failures=max_failures)
+
+
+def tasks_and_uids(n: int, first_state: int = 0):
+    tasks = [TaskSpec("reach", i % 3, first_state + i) for i in range(n)]
+    return tasks, [f"u{i}" for i in range(n)]
+
+
+def test_stages_interleave_over_every_process(parts):
+    fleet = make_fleet(stages=2)
+    try:
+        stage = fleet.stage_of()
+        assert stage.tolist() == [0, 1] * 4  # 2 slots per process: one per stage, every process in every stage
+    finally:
+        fleet.close()
+
+
+@pytest.mark.parametrize("stages", [1, 2, 4])
+def test_episode_order_and_uids_survive_stages(parts, stages):
+    engine, processor = parts
+    fleet = make_fleet(stages)
+    try:
+        loop = EnvLoop(fleet, engine, processor, max_chunks=3)
+        tasks, uids = tasks_and_uids(12)  # 1.5 rounds of 8 slots
+        trajs = loop.run(tasks, uids, temperature=1.0, greedy=True)
+        assert [t.task for t in trajs] == tasks and [t.uid for t in trajs] == uids
+        assert all(1 <= len(t) <= 3 and (t.success or t.env_steps == 12) for t in trajs)
+        assert loop.stats.env_steps == sum(t.env_steps for t in trajs)
+    finally:
+        fleet.close()
+
+
+def test_prefetched_resets_are_used_and_wrong_ones_are_dropped(parts):
+    engine, processor = parts
+    fleet = make_fleet(stages=2)
+    try:
+        loop = EnvLoop(fleet, engine, processor, max_chunks=2)
+        tasks, uids = tasks_and_uids(8)
+        loop.prefetch(tasks)
+        first = loop.run(tasks, uids, 1.0, greedy=True)
+        loop.prefetch(tasks_and_uids(8, first_state=20)[0])
+        again = loop.run(tasks, uids, 1.0, greedy=True)  # prefetch for other tasks: drained, then reset afresh
+        assert [t.env_steps for t in first] == [t.env_steps for t in again]
+    finally:
+        fleet.close()
+
+
+def test_killed_process_restarts_its_episodes_from_their_initial_state(parts):
+    fleet = make_fleet(stages=2)
+    try:
+        tasks, _ = tasks_and_uids(8)
+        fleet.send_reset(tasks, np.ones(8, dtype=bool))
+        initial = fleet.recv()
+        os.kill(fleet.pids()[0], signal.SIGKILL)  # process 0 of worker 0 holds slots 0 and 1
+        fleet.send_step(np.full((8, 4, 7), 0.5, dtype=np.float32), np.ones(8, dtype=bool))
+        results = fleet.recv()
+        assert [type(r).__name__ for r in results[:2]] == ["Restarted", "Restarted"]
+        np.testing.assert_array_equal(results[0].observation.images["agentview"], initial[0].images["agentview"])
+        assert all(type(r).__name__ == "ChunkStep" for r in results[2:])
+        assert fleet.stats.restarts == 1
+    finally:
+        fleet.close()
+
+
+def kill_at_random(pids: list[int], sig: int, delay_range: tuple[float, float], seed: int) -> threading.Thread:
+    rng = random.Random(seed)
+
+    def run():
+        time.sleep(rng.uniform(*delay_range))
+        os.kill(rng.choice(pids), sig)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("sig,timeout_s", [(signal.SIGKILL, 60.0), (signal.SIGSTOP, 1.0)], ids=["killed", "hung"])
+def test_rollout_completes_with_every_episode_once_despite_a_fault(parts, sig, timeout_s):
+    engine, processor = parts
+    fleet = make_fleet(stages=2, max_steps=120, timeout_s=timeout_s)
+    try:
+        loop = EnvLoop(fleet, engine, processor, max_chunks=30)
+        tasks, uids = tasks_and_uids(8)
+        killer = kill_at_random(fleet.pids(), sig, (0.05, 0.3), seed=1)
+        trajs = loop.run(tasks, uids, temperature=1.0)
+        killer.join()
+        assert [t.uid for t in trajs] == uids and [t.task for t in trajs] == tasks
+        assert loop.stats.restarts >= 1 and sum(t.restarts for t in trajs) >= 1
+        for t in trajs:
+            assert t.success or t.env_steps == 120
+            assert len(t) == len(t.tokens) == len(t.images) and len(t) <= 30
+    finally:
+        fleet.close()
+
+
+def test_repeated_failures_stop_with_worker_and_task_named(parts):
+    engine, processor = parts
+    fleet = make_fleet(stages=1, max_failures=1)
+    try:
+        tasks, _ = tasks_and_uids(8)
+        fleet.send_reset(tasks, np.ones(8, dtype=bool))
+        fleet.recv()
+        os.kill(fleet.pids()[3], signal.SIGKILL)  # worker 1, process 1
+        fleet.send_step(np.zeros((8, 4, 7), dtype=np.float32), np.ones(8, dtype=bool))
+        with pytest.raises(SimulatorError, match=r"sim worker 1 process 1 .*TaskSpec"):
+            fleet.recv()
+    finally:
+        fleet.close()
+
+
+def test_restarted_type_is_exported():
+    assert Restarted.__dataclass_fields__["observation"]
