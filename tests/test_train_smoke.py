@@ -65,7 +65,7 @@ def test_resume_without_checkpoint_says_what_to_do(tmp_path):
 def test_multirun_sweep_gives_each_job_its_run_directory(tmp_path):
     proc = train("seed=0,1", "steps=1", "eval_every=1", "save_every=0", f"hydra.sweep.dir={tmp_path}", flags=("-m",))
     runs = sorted(p.parent.name for p in tmp_path.glob("*/tb"))
-    assert runs == ["seed=0", "seed=1"], proc.stdout
+    assert runs == ["job0_seed0", "job1_seed1"], proc.stdout
     for run in runs:
         assert "eval/success_rate" in read_scalars(str(tmp_path / run / "tb"))
 

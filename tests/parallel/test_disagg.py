@@ -8,7 +8,8 @@ from vla_scale.trainer import Trainer
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # ray.init(address=...) exports it; later tests start their own
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"train_rollout": 1}})
     ray.init(address=cluster.address)
     yield cluster

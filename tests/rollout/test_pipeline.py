@@ -34,9 +34,10 @@ def parts():
 
 
 def make_fleet(stages: int, max_steps: int = 12, timeout_s: float = 60.0, max_failures: int = 3) -> SimFleet:
+    """Simulator processes get 20 s to start (a process stopped while starting is detected after that)."""
     return SimFleet("reach", {"camera_resolution": 32, "max_steps": max_steps}, size=8,
                     num_workers=2 if stages < 4 else 1, sims_per_worker=2, timeout_s=timeout_s, stages=stages,
-                    max_failures=max_failures)
+                    max_failures=max_failures, boot_timeout_s=20.0)
 
 
 def tasks_and_uids(n: int, first_state: int = 0):
@@ -119,6 +120,8 @@ def test_rollout_completes_with_every_episode_once_despite_a_fault(parts, sig, t
     try:
         loop = EnvLoop(fleet, engine, processor, max_chunks=30)
         tasks, uids = tasks_and_uids(8)
+        fleet.send_reset(tasks, np.ones(8, dtype=bool))  # let every process finish starting first
+        fleet.recv()
         killer = kill_at_random(fleet.pids(), sig, (0.05, 0.3), seed=1)
         trajs = loop.run(tasks, uids, temperature=1.0)
         killer.join()

@@ -49,10 +49,11 @@ class SimWorker:
     """A Ray actor owning `sims` simulator processes of `slots` simulators each."""
 
     def __init__(self, index: int, env_name: str, env_kwargs: dict[str, Any], sims: int, slots: int,
-                 timeout_s: float, max_failures: int):
+                 timeout_s: float, max_failures: int, boot_timeout_s: float):
         self.index, self.env_name, self.env_kwargs = index, env_name, env_kwargs
         self.slots, self.timeout_s, self.max_failures = slots, timeout_s, max_failures
-        self.procs = [SimProcess(env_name, slots, env_kwargs) for _ in range(sims)]
+        self.boot_timeout_s = boot_timeout_s
+        self.procs = [self._spawn() for _ in range(sims)]
         size = sims * slots
         self.tasks: list[TaskSpec | None] = [None] * size
         self.running = np.zeros(size, dtype=bool)
@@ -60,6 +61,9 @@ class SimWorker:
         self.orphaned = [0] * sims  # requests lost with a replaced process, still to be answered
         self.failures = [0] * sims
         self.requests: deque[np.ndarray] = deque()
+
+    def _spawn(self) -> SimProcess:
+        return SimProcess(self.env_name, self.slots, self.env_kwargs, boot_timeout_s=self.boot_timeout_s)
 
     def _part(self, k: int) -> slice:
         return slice(k * self.slots, (k + 1) * self.slots)
@@ -123,7 +127,7 @@ class SimWorker:
                     f"row, running tasks {tasks}; last error: {err}"
                 )
             self.procs[k].close()
-            self.procs[k] = SimProcess(self.env_name, self.slots, self.env_kwargs)
+            self.procs[k] = self._spawn()
             mask = self.running[part].copy()
             if not mask.any():
                 return
@@ -157,6 +161,7 @@ def start_ray(address: str = "", dashboard: bool = False, num_cpus: int = 0) -> 
         ray.init(address=address, log_to_driver=True)
         return
     ray.init(
+        address="local",  # a new local instance, whatever RAY_ADDRESS says
         num_cpus=num_cpus or os.cpu_count(),
         include_dashboard=dashboard,
         dashboard_host="127.0.0.1",
@@ -184,7 +189,8 @@ class SimFleet:
     """
 
     def __init__(self, env_name: str, env_kwargs: dict[str, Any], size: int, num_workers: int, sims_per_worker: int,
-                 timeout_s: float, stages: int = 1, max_failures: int = 3, sim_resource: bool = False):
+                 timeout_s: float, stages: int = 1, max_failures: int = 3, sim_resource: bool = False,
+                 boot_timeout_s: float = 120.0):
         per_proc, rest = divmod(size, num_workers * sims_per_worker * stages)
         if rest or per_proc == 0:
             raise ValueError(f"{size} simulators do not divide over {num_workers} workers x {sims_per_worker} "
@@ -196,8 +202,8 @@ class SimFleet:
         if sim_resource:
             options["resources"] = {"sim": 0.001}
         remote = ray.remote(**options)(SimWorker)
-        self.workers = [remote.remote(i, env_name, env_kwargs, sims_per_worker, self.slots, timeout_s, max_failures)
-                        for i in range(num_workers)]
+        self.workers = [remote.remote(i, env_name, env_kwargs, sims_per_worker, self.slots, timeout_s, max_failures,
+                                      boot_timeout_s) for i in range(num_workers)]
         self.stats = FleetStats()
 
     def stage_of(self) -> np.ndarray:
