@@ -18,8 +18,17 @@ TINY = [
 ]
 
 
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def script_env() -> dict[str, str]:
+    """This process's environment without the process-group variables that in-process tests may have set."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    return dict(env, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+
+
 def train(*overrides: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    env = script_env()
     cmd = [sys.executable, str(ROOT / "launch" / "train.py"), *flags, *TINY, *overrides]
     proc = subprocess.run(cmd, cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=400)
@@ -55,7 +64,7 @@ def test_resume_continues_the_same_run(tmp_path):
 
 @pytest.mark.slow
 def test_resume_without_checkpoint_says_what_to_do(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = script_env()
     proc = subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), *TINY, "steps=1", "resume=true",
                            f"run_dir={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "has no checkpoint" in proc.stderr + proc.stdout
@@ -71,7 +80,7 @@ def test_multirun_sweep_gives_each_job_its_run_directory(tmp_path):
 
 
 def test_bad_config_fails_before_any_compute(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = script_env()
     proc = subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), "algo.batch_size=3", "algo.group_size=3",
                            f"run_dir={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
