@@ -1,10 +1,14 @@
-"""The OFT policy, its processor and its tokenizers."""
+"""The OFT policy (native OpenVLA-OFT), its processor, its tokenizers and checkpoint loading."""
 
-from vla_scale.models.policy import OFTPolicy, PolicyInputs, Processor, build_policy
-from vla_scale.models.tokenizer import ActionTokenizer, TextTokenizer, WordTokenizer
+from vla_scale.models.actions import ActionTokenizer, DatasetStats
+from vla_scale.models.policy import OFTPolicy, build_policy
+from vla_scale.models.processor import ImageTransform, PolicyInputs, Processor
+from vla_scale.models.tokenizer import TextTokenizer, WordTokenizer
 
 __all__ = [
     "ActionTokenizer",
+    "DatasetStats",
+    "ImageTransform",
     "OFTPolicy",
     "PolicyInputs",
     "Processor",

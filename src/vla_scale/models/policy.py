@@ -1,121 +1,104 @@
-"""The OFT-shaped policy: vision encoder -> projector -> Llama backbone -> a whole action chunk in one pass.
+"""OFTPolicy: OpenVLA-OFT's parallel decoding of a whole action chunk in one forward pass, natively.
 
-Sequence fed to the Llama backbone (as input embeddings):
+Sequence fed to the Llama backbone, per example (OFT's `predict_action` and training layout):
 
-    [image patches (P)] [proprio token (0/1)] [instruction tokens (L, right-padded, BOS first)] [action slots (C*A)]
+    [BOS] [patches of image 0, image 1, ...] ([proprio]) [prompt tokens 1..n-1] [K action slots] [stop] [pad ...]
 
-Action slots carry zero embeddings (as in OpenVLA-OFT) or, for small models trained from scratch, one learned
-embedding per slot (`model.learned_action_queries`); the backbone's hidden states at
-the C*A action slots go through the LM head, and the last `n_bins` rows of the vocabulary give the bin logits of
-every action dimension of every step of the chunk at once. The vocabulary is [text tokens | n_bins action tokens]
-padded to a multiple of `pad_to_multiple_of`; `action_token_begin` is where the bins start.
+The K = chunk_len * action_dim slots carry zero input embeddings (official) or one learned embedding each
+(`learned_action_queries`, for small policies trained from scratch); the stop token is the tokenizer's EOS. Examples
+of a batch are right-padded after their stop token, so each runs at the positions it would run at alone and padding
+is only ever a masked key. The logits of slot k are read one row earlier (next-token convention: the last prompt
+token predicts slot 0, slot k-1 predicts slot k), restricted to the `n_bins` action tokens, in vocabulary order.
+
+Attention: the official checkpoints run under the OFT transformers fork, whose SDPA path attends bidirectionally
+over the whole sequence (pad keys masked); plain transformers attends causally. Both are a 4D additive mask here,
+chosen by the spec (`bidirectional` default, `causal` for parity with plain transformers).
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from vla_scale.config import ModelConfig
-from vla_scale.envs.types import Observation
-from vla_scale.models.tokenizer import PROMPT, ActionTokenizer, TextTokenizer
+from vla_scale.models.actions import ActionTokenizer, DatasetStats
+from vla_scale.models.processor import ImageTransform, PolicyInputs, Processor
+from vla_scale.models.spec import OFTSpec, config_from_model_config, model_config_from_spec, spec_from_openvla
+from vla_scale.models.tokenizer import TextTokenizer
+from vla_scale.models.vision import VisionBackbone
+
+__all__ = ["OFTPolicy", "PolicyInputs", "Processor", "build_policy"]
 
 
-@dataclass
-class PolicyInputs:
-    """One batch of model inputs, as tensors."""
+class Projector(nn.Module):
+    """Patch features -> Llama width (official `PrismaticProjector`: 3 GELU layers when fused, 2 otherwise)."""
 
-    pixel_values: Tensor  # float32[B, 3, S, S] in [-1, 1]
-    input_ids: Tensor  # int64[B, L]
-    attention_mask: Tensor  # bool[B, L]
-    proprio: Tensor  # float32[B, d]
-
-    def __len__(self) -> int:
-        return self.input_ids.shape[0]
-
-    def to(self, device: torch.device | str) -> PolicyInputs:
-        return PolicyInputs(*(t.to(device, non_blocking=True) for t in vars(self).values()))
-
-
-class Processor:
-    """Observations (numpy, from the simulators) -> PolicyInputs."""
-
-    def __init__(self, cfg: ModelConfig, tokenizer: TextTokenizer, camera: str = "agentview"):
-        self.cfg, self.tokenizer, self.camera = cfg, tokenizer, camera
-
-    def __call__(self, observations: list[Observation]) -> PolicyInputs:
-        images = np.stack([o.images[self.camera] for o in observations])
-        proprio = np.stack([o.proprio for o in observations]).astype(np.float32)
-        return self.from_arrays(images, [o.instruction for o in observations], proprio)
-
-    def from_arrays(self, images: np.ndarray, instructions: list[str], proprio: np.ndarray) -> PolicyInputs:
-        pixels = torch.from_numpy(images).permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
-        if pixels.shape[-1] != self.cfg.image_size:
-            pixels = F.interpolate(pixels, size=self.cfg.image_size, mode="bilinear", antialias=True)
-        prompts = [PROMPT.format(instruction=text) for text in instructions]
-        ids, mask = self.tokenizer.encode(prompts, self.cfg.max_text_len)
-        return PolicyInputs(pixels, torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(proprio))
-
-
-class VisionBlock(nn.Module):
-    """Pre-norm transformer block with bidirectional SDPA attention."""
-
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, vision_dim: int, llm_dim: int, fused: bool):
         super().__init__()
-        self.heads = heads
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.fused = fused
+        if fused:
+            self.fc1, self.fc2 = nn.Linear(vision_dim, 4 * vision_dim), nn.Linear(4 * vision_dim, llm_dim)
+            self.fc3 = nn.Linear(llm_dim, llm_dim)
+            self.act_fn1, self.act_fn2 = nn.GELU(), nn.GELU()
+        else:
+            self.fc1, self.fc2, self.act_fn1 = nn.Linear(vision_dim, llm_dim), nn.Linear(llm_dim, llm_dim), nn.GELU()
 
     def forward(self, x: Tensor) -> Tensor:
-        b, n, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        attn = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d)
-        x = x + self.proj(attn)
-        return x + self.mlp(self.norm2(x))
+        x = self.fc2(self.act_fn1(self.fc1(x)))
+        return self.fc3(self.act_fn2(x)) if self.fused else x
 
 
-class VisionEncoder(nn.Module):
-    """A small ViT: patchify, learned positions, pre-norm transformer blocks."""
+class ProprioProjector(nn.Module):
+    """Normalised proprio -> one Llama token (official `ProprioProjector`)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, proprio_dim: int, llm_dim: int):
         super().__init__()
-        n_patches = (cfg.image_size // cfg.patch_size) ** 2
-        self.patchify = nn.Conv2d(3, cfg.vision_dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
-        self.positions = nn.Parameter(torch.randn(1, n_patches, cfg.vision_dim) * 0.02)
-        self.blocks = nn.ModuleList(VisionBlock(cfg.vision_dim, cfg.num_heads) for _ in range(cfg.vision_layers))
-        self.norm = nn.LayerNorm(cfg.vision_dim)
+        self.fc1, self.act_fn1, self.fc2 = nn.Linear(proprio_dim, llm_dim), nn.GELU(), nn.Linear(llm_dim, llm_dim)
 
-    def forward(self, pixel_values: Tensor) -> Tensor:
-        x = self.patchify(pixel_values).flatten(2).transpose(1, 2) + self.positions
-        for block in self.blocks:
-            x = block(x)
-        return self.norm(x)
+    def forward(self, proprio: Tensor) -> Tensor:
+        return self.fc2(self.act_fn1(self.fc1(proprio)))
 
 
 class ActionQueries(nn.Module):
-    """Input embeddings of the action slots: learned per slot, or zeros as in OpenVLA-OFT.
+    """Learned input embedding per action slot (a module, so ZeRO-3 gathers it when it runs)."""
 
-    With zero embeddings a slot's identity (which step, which action dimension) reaches the backbone only through
-    rotary positions; a small model trained from scratch learns much faster when each slot has its own embedding.
-    """
-
-    def __init__(self, slots: int, dim: int, learned: bool):
+    def __init__(self, slots: int, dim: int):
         super().__init__()
-        self.slots, self.dim = slots, dim
-        self.embedding = nn.Parameter(torch.randn(slots, dim) * 0.02) if learned else None
+        self.embedding = nn.Parameter(torch.randn(slots, dim) * 0.02)
 
-    def forward(self, like: Tensor) -> Tensor:
-        batch = like.shape[0]
-        if self.embedding is None:
-            return like.new_zeros(batch, self.slots, self.dim)
-        return self.embedding.to(like.dtype).unsqueeze(0).expand(batch, -1, -1)
+    def forward(self, index: Tensor) -> Tensor:
+        return self.embedding[index]
+
+
+def llama_config(llm: dict[str, Any]) -> LlamaConfig:
+    """transformers' LlamaConfig from the spec's 4.40-style kwargs (rope_theta/rope_scaling -> rope_parameters)."""
+    kwargs = dict(llm)
+    theta, scaling = kwargs.pop("rope_theta"), kwargs.pop("rope_scaling")
+    rope = {"rope_type": "default"} if scaling is None else {"rope_type": scaling.get("rope_type", scaling.get("type"))}
+    rope.update({k: v for k, v in (scaling or {}).items() if k not in ("type", "rope_type")}, rope_theta=theta)
+    return LlamaConfig(**kwargs, rope_parameters=rope)
+
+
+def _build_llama(config: LlamaConfig, zero3_init: bool, init: bool) -> LlamaForCausalLM:
+    """The Llama backbone. Under `deepspeed.zero.Init` its parameters are empty shards once built, so transformers'
+    weight init is deferred and run by the ZeRO-3 variant that gathers each module first; `init=False` skips the
+    init altogether (weights are loaded next)."""
+    from transformers import initialization
+
+    if init and not zero3_init:
+        return LlamaForCausalLM(config)
+    with initialization.no_init_weights():
+        llm = LlamaForCausalLM(config)
+    if init:
+        from transformers.integrations.deepspeed import initialize_weights_zero3
+
+        initialize_weights_zero3(llm)
+    return llm
 
 
 def deepspeed_gather(param: nn.Parameter):
@@ -125,109 +108,186 @@ def deepspeed_gather(param: nn.Parameter):
     return deepspeed.zero.GatheredParameters([param], modifier_rank=0)
 
 
-def _build_llama(config: LlamaConfig, zero3_init: bool) -> LlamaForCausalLM:
-    """The Llama backbone; under `deepspeed.zero.Init` its parameters are empty shards once built, so
-    transformers' weight init is deferred and run by the ZeRO-3 variant that gathers each module first."""
-    if not zero3_init:
-        return LlamaForCausalLM(config)
-    from transformers import initialization
-    from transformers.integrations.deepspeed import initialize_weights_zero3
-
-    with initialization.no_init_weights():
-        llm = LlamaForCausalLM(config)
-    initialize_weights_zero3(llm)
-    return llm
-
-
-def _mlp(inp: int, out: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(inp, out), nn.GELU(), nn.Linear(out, out))
-
-
 class OFTPolicy(nn.Module):
-    """Vision encoder + projector + Llama backbone with parallel decoding of a whole action chunk."""
+    """Vision backbone + projector + Llama backbone; one forward pass gives the bin logits of a whole chunk."""
 
-    def __init__(self, cfg: ModelConfig, text_vocab_size: int, zero3_init: bool = False):
+    def __init__(self, spec: OFTSpec, zero3_init: bool = False, init: bool = True):
         super().__init__()
-        self.cfg = cfg
-        self.action_token_begin = text_vocab_size
-        multiple = cfg.pad_to_multiple_of
-        vocab = -(-(text_vocab_size + cfg.n_bins) // multiple) * multiple
-        self.vision = VisionEncoder(cfg)
-        self.projector = _mlp(cfg.vision_dim, cfg.hidden_size)
-        self.proprio_projector = _mlp(cfg.proprio_dim, cfg.hidden_size) if cfg.use_proprio else None
-        llama = LlamaConfig(
-            vocab_size=vocab,
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_heads,
-            max_position_embeddings=1024,
-            pad_token_id=0,
-        )
-        self.llm = _build_llama(llama, zero3_init)
-        self.action_queries = ActionQueries(self.num_action_tokens, cfg.hidden_size, cfg.learned_action_queries)
-        self.action_tokenizer = ActionTokenizer(cfg.n_bins)
-        if cfg.ordinal_bin_init > 0:
-            self._init_ordinal_bins(cfg.ordinal_bin_init, zero3_init)
+        self.spec = spec
+        self.vision_backbone = VisionBackbone(spec.towers)
+        llm = llama_config(spec.llm)
+        self.projector = Projector(self.vision_backbone.embed_dim, llm.hidden_size, len(spec.towers) == 2)
+        self.language_model = _build_llama(llm, zero3_init, init)
+        self.proprio_projector = ProprioProjector(spec.proprio_dim, llm.hidden_size) if spec.proprio_dim else None
+        k = spec.num_action_tokens
+        self.action_queries = ActionQueries(k, llm.hidden_size) if spec.learned_action_queries else None
+        self.action_tokenizer = ActionTokenizer(spec.n_bins)
+        self.norm_stats = {key: DatasetStats.from_json(s, spec.normalization) for key, s in spec.norm_stats.items()}
+        self.preprocessor: dict[str, Any] | None = None  # the checkpoint's preprocessor_config.json, when loaded
+        if init and spec.ordinal_bin_init > 0:
+            self._init_ordinal_bins(spec.ordinal_bin_init, zero3_init)
+
+    # ---- construction -----------------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: str, **kwargs: Any) -> OFTPolicy:
+        """Load an official OpenVLA-OFT folder (or one `save_pretrained` wrote); see `checkpoint_io.load_policy`."""
+        from vla_scale.models.checkpoint_io import load_policy
+
+        return load_policy(cls, path, **kwargs)
+
+    def save_pretrained(self, path: str, max_shard_gb: float = 5.0) -> None:
+        """Write the official layout: config.json, model.safetensors (sharded past `max_shard_gb`), the proprio
+        projector side file, dataset_statistics.json, preprocessor_config.json."""
+        from vla_scale.models.checkpoint_io import save_policy
+
+        save_policy(self, path, max_shard_gb)
 
     def _init_ordinal_bins(self, gain: float, zero3_init: bool) -> None:
-        """Give the LM-head rows of the action bins a shared smooth component: row_j += gain * sum_k phi_k(c_j) v_k
-        with bin centre c_j, phi = (c, c^2 - 1/3) and random unit directions v_k.
+        """Give the LM-head rows of the action bins a shared smooth component: row_j += gain * sum_k phi_k(a_j) v_k
+        with a_j the action bin j decodes to, phi = (a, a^2 - 1/3) and random unit directions v_k.
 
         Bins are unordered classes to the LM head; a policy trained from scratch by RL then has to raise each of
         256 rows on its own samples. With this component, moving the hidden state along v_1 tilts the whole
         distribution towards larger or smaller actions, and along v_2 widens or narrows it, so reward moves the
         distribution coherently from the first update. Pretrained checkpoints never need it (gain 0).
         """
-        weight = self.llm.lm_head.weight
-        centres = self.action_tokenizer.centres.astype(np.float64)
-        basis = np.stack([centres, centres**2 - 1.0 / 3.0], axis=1)  # [n_bins, 2]
-        directions = np.random.default_rng(0).standard_normal((2, self.cfg.hidden_size))
+        weight = self.language_model.lm_head.weight
+        values = self.action_tokenizer.values
+        basis = np.stack([values, values**2 - 1.0 / 3.0], axis=1)  # [n_bins, 2]
+        directions = np.random.default_rng(0).standard_normal((2, self.spec.llm["hidden_size"]))
         directions /= np.linalg.norm(directions, axis=1, keepdims=True)
         smooth = torch.from_numpy((gain * basis @ directions).astype(np.float32))
-        begin, end = self.action_token_begin, self.action_token_begin + self.cfg.n_bins
+        begin = self.spec.action_token_begin
         context = deepspeed_gather(weight) if zero3_init else contextlib.nullcontext()
         with context, torch.no_grad():
             if weight.numel():
-                weight[begin:end] += smooth.to(weight.dtype)
+                weight[begin : begin + self.spec.n_bins] += smooth.to(weight.device, weight.dtype)
 
     @property
     def num_action_tokens(self) -> int:
-        return self.cfg.chunk_len * self.cfg.action_dim
+        return self.spec.num_action_tokens
 
-    def action_logits(
-        self, pixel_values: Tensor, input_ids: Tensor, attention_mask: Tensor, proprio: Tensor | None = None
-    ) -> Tensor:
-        """Bin logits float[B, chunk*action_dim, n_bins] from one forward pass."""
-        batch = input_ids.shape[0]
-        parts = [self.projector(self.vision(pixel_values))]
-        if self.proprio_projector is not None:
-            assert proprio is not None, "this policy was built with use_proprio=True: pass proprio"
-            parts.append(self.proprio_projector(proprio).unsqueeze(1))
-        text = self.llm.get_input_embeddings()(input_ids)
-        parts.append(text)
-        parts.append(self.action_queries(text))
-        embeds = torch.cat(parts, dim=1)
-        prefix = embeds.shape[1] - text.shape[1] - self.num_action_tokens
-        ones = attention_mask.new_ones(batch, prefix)
-        mask = torch.cat([ones, attention_mask, attention_mask.new_ones(batch, self.num_action_tokens)], dim=1)
-        hidden = self.llm.model(inputs_embeds=embeds, attention_mask=mask.long()).last_hidden_state
-        logits = self.llm.lm_head(hidden[:, -self.num_action_tokens :])
-        begin = self.action_token_begin
-        return logits[..., begin : begin + self.cfg.n_bins].float()
+    @property
+    def action_token_begin(self) -> int:
+        return self.spec.action_token_begin
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The ModelConfig describing this policy (for `Processor`)."""
+        return model_config_from_spec(self.spec)
+
+    def image_transform(self) -> ImageTransform:
+        """The image preprocessing this policy expects (the checkpoint's, else its towers')."""
+        if self.preprocessor is not None:
+            return ImageTransform.from_preprocessor_config(self.preprocessor, self.spec.center_crop)
+        return ImageTransform.from_towers(self.spec.towers, self.spec.center_crop)
+
+    # ---- forward ----------------------------------------------------------------------------------------------------
+    def action_logits(self, pixel_values: Tensor, input_ids: Tensor, attention_mask: Tensor,
+                      proprio: Tensor | None = None, full_vocab: bool = False) -> Tensor:
+        """Bin logits float32[B, chunk*action_dim, n_bins] from one forward pass (bins in vocabulary order).
+
+        `input_ids` right-padded (BOS first, the prompt's last token in place); `proprio` already normalised, or
+        None for no proprio token (also ignored when the policy has no proprio projector). `full_vocab=True` returns
+        the logits over the whole vocabulary instead (what the official decode takes its argmax over).
+        """
+        dtype = self.projector.fc1.weight.dtype
+        prefix = self.projector(self.vision_backbone(pixel_values.to(dtype)))
+        if proprio is not None and self.proprio_projector is not None:
+            token = self.proprio_projector(proprio.reshape(prefix.shape[0], -1).to(dtype))
+            prefix = torch.cat([prefix, token.unsqueeze(1)], dim=1)
+        embeds, valid, rows = self._sequence(prefix, input_ids, attention_mask)
+        out = self.language_model.model(inputs_embeds=embeds, attention_mask=self._attention_bias(valid, dtype),
+                                        use_cache=False)
+        hidden = out.last_hidden_state.gather(1, rows.unsqueeze(-1).expand(-1, -1, embeds.shape[-1]))
+        logits = self.language_model.lm_head(hidden)
+        if not full_vocab:
+            logits = logits[..., self.spec.action_token_begin : self.spec.action_token_begin + self.spec.n_bins]
+        return logits.float()
 
     def forward(self, inputs: PolicyInputs) -> Tensor:
         return self.action_logits(inputs.pixel_values, inputs.input_ids, inputs.attention_mask, inputs.proprio)
 
-    def tokens_to_actions(self, bin_ids: np.ndarray) -> np.ndarray:
-        """Bin indices [B, chunk*action_dim] -> normalised actions float32[B, chunk, action_dim]."""
-        actions = self.action_tokenizer.to_actions(bin_ids)
-        return actions.reshape(-1, self.cfg.chunk_len, self.cfg.action_dim)
+    def _sequence(self, prefix: Tensor, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Input embeddings [B, T, D], key validity bool[B, T] and the logit rows int64[B, K] (module docstring)."""
+        k, spec = self.num_action_tokens, self.spec
+        lengths = attention_mask.long().sum(dim=1, keepdim=True)  # prompt tokens per row, BOS included
+        cols = torch.arange(input_ids.shape[1] + k + 1, device=input_ids.device).unsqueeze(0)
+        slots = (cols >= lengths) & (cols < lengths + k)
+        ids = nn.functional.pad(input_ids, (0, k + 1), value=spec.pad_token_id)
+        ids = torch.where(cols < lengths, ids, spec.pad_token_id)
+        ids = torch.where(cols == lengths + k, spec.stop_token_id, ids)
+        text = self.language_model.get_input_embeddings()(ids)
+        if self.action_queries is None:
+            text = text * ~slots.unsqueeze(-1)
+        else:
+            queries = self.action_queries((cols - lengths).clamp(0, k - 1).expand_as(ids))
+            text = torch.where(slots.unsqueeze(-1), queries.to(text.dtype), text)
+        embeds = torch.cat([text[:, :1], prefix.to(text.dtype), text[:, 1:]], dim=1)
+        valid = torch.cat([torch.ones_like(slots[:, :1]).expand(-1, 1 + prefix.shape[1]),
+                           (cols < lengths + k + 1)[:, 1:].expand(ids.shape[0], -1)], dim=1)
+        rows = prefix.shape[1] + lengths - 1 + torch.arange(k, device=ids.device)
+        return embeds, valid, rows
+
+    def _attention_bias(self, valid: Tensor, dtype: torch.dtype) -> Tensor:
+        """Additive mask [B, 1, T, T]: pad keys hidden; later positions too when causal."""
+        t = valid.shape[1]
+        allowed = valid[:, None, None, :].expand(-1, 1, t, -1)
+        if self.spec.attention == "causal":
+            allowed = allowed & torch.ones(t, t, dtype=torch.bool, device=valid.device).tril()
+        bias = torch.zeros(allowed.shape, dtype=dtype, device=valid.device)
+        return bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+    # ---- actions and proprio ---------------------------------------------------------------------------------------
+    def dataset_stats(self, unnorm_key: str | None = None) -> DatasetStats | None:
+        """Statistics of `unnorm_key` (default: the spec's, else the only dataset); None when there are none."""
+        key = unnorm_key or self.spec.unnorm_key
+        if not self.norm_stats:
+            if key:
+                raise KeyError(f"unnorm_key={key!r} but this policy has no dataset statistics")
+            return None
+        if not key:
+            if len(self.norm_stats) > 1:
+                raise KeyError(f"this policy has statistics of several datasets: pass unnorm_key, one of "
+                               f"{sorted(self.norm_stats)}")
+            key = next(iter(self.norm_stats))
+        if key not in self.norm_stats:
+            raise KeyError(f"unnorm_key={key!r} not in the policy's datasets {sorted(self.norm_stats)}")
+        return self.norm_stats[key]
+
+    def tokens_to_actions(self, bin_ids: np.ndarray, unnorm_key: str | None = None) -> np.ndarray:
+        """Bin indices [B, chunk*action_dim] -> actions float64[B, chunk, action_dim], un-normalised with the
+        dataset statistics (normalised to [-1, 1] when the policy has none)."""
+        normalized = self.action_tokenizer.to_actions(bin_ids).reshape(-1, self.spec.chunk_len, self.spec.action_dim)
+        stats = self.dataset_stats(unnorm_key)
+        return normalized if stats is None else stats.unnormalize_actions(normalized)
+
+    def normalize_proprio(self, raw: np.ndarray, unnorm_key: str | None = None) -> np.ndarray:
+        """Raw proprio [..., d] -> [-1, 1] with the dataset's bounds (official BOUNDS_Q99 / BOUNDS)."""
+        stats = self.dataset_stats(unnorm_key)
+        if stats is None:
+            raise KeyError("this policy has no dataset statistics to normalise proprio with")
+        return stats.normalize_proprio(np.asarray(raw, dtype=np.float64))
 
 
 def build_policy(cfg: ModelConfig, tokenizer: TextTokenizer, zero3_init: bool = False) -> OFTPolicy:
-    """A freshly initialised policy for this tokenizer (seed the RNG first for a reproducible init).
+    """The policy `cfg` describes: loaded from `cfg.checkpoint`, else freshly initialised for this tokenizer (seed
+    the RNG first for a reproducible init). `zero3_init`: the caller builds it inside `deepspeed.zero.Init`."""
+    if cfg.checkpoint:
+        overrides = {"attention": cfg.attention, "center_crop": cfg.center_crop}
+        if cfg.unnorm_key:
+            overrides["unnorm_key"] = cfg.unnorm_key
+        policy = OFTPolicy.from_pretrained(cfg.checkpoint, zero3_init=zero3_init, **overrides)
+        _check_matches(cfg, policy.model_config)
+        return policy
+    config = config_from_model_config(cfg, tokenizer.vocab_size, tokenizer.eos_id)
+    return OFTPolicy(spec_from_openvla(config, proprio_dim=cfg.proprio_dim if cfg.use_proprio else None), zero3_init)
 
-    `zero3_init`: the caller builds it inside `deepspeed.zero.Init`."""
-    return OFTPolicy(cfg, tokenizer.vocab_size, zero3_init)
+
+def _check_matches(cfg: ModelConfig, loaded: ModelConfig) -> None:
+    """The trainer sizes episodes and inputs from `cfg`: refuse a checkpoint that decodes something else."""
+    keys = ("chunk_len", "action_dim", "n_bins", "use_proprio", "proprio_dim")
+    wrong = [f"model.{k}={getattr(cfg, k)} but the checkpoint has {getattr(loaded, k)}" for k in keys
+             if getattr(cfg, k) != getattr(loaded, k)]
+    if wrong:
+        raise ValueError(f"model.checkpoint={cfg.checkpoint!r} does not match the model config: " + "; ".join(wrong))

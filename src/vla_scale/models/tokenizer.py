@@ -1,9 +1,10 @@
-"""Text and action tokenizers.
+"""Text tokenizers.
 
 `TextTokenizer` is the interface the policy needs from a tokenizer; `WordTokenizer` fills it offline with a
-word-level vocabulary built from the task instructions (no download), and a Llama tokenizer can fill it later.
-`ActionTokenizer` maps continuous actions in [-1, 1] to `n_bins` uniform bins and back to bin centres; the bins are
-the last `n_bins` entries of the padded vocabulary, as in OpenVLA.
+word-level vocabulary built from the task instructions (no download), and a Llama tokenizer can fill it later (it
+must then end each prompt with the token OpenVLA expects after "Out:", 29871 for Llama-2). The special tokens take
+Llama's ids (unk 0, BOS 1, EOS 2), so a policy sized like OpenVLA reads them where the official one does. The action
+bins are in `actions.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 PROMPT = "In: What action should the robot take to {instruction}?\nOut:"
 """OpenVLA's prompt around the instruction."""
 
-SPECIALS = ("<pad>", "<unk>", "<s>")
+SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
 
 
 class TextTokenizer(Protocol):
@@ -24,6 +25,7 @@ class TextTokenizer(Protocol):
 
     pad_id: int
     bos_id: int
+    eos_id: int
     vocab_size: int
 
     def encode(self, texts: list[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -40,7 +42,7 @@ class WordTokenizer:
         self._tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Whitespace(), pre_tokenizers.Punctuation()]
         )
-        self.pad_id, self.unk_id, self.bos_id = (vocab[s] for s in SPECIALS)
+        self.unk_id, self.bos_id, self.eos_id, self.pad_id = (vocab[s] for s in SPECIALS)
         self.vocab_size = len(vocab)
 
     @classmethod
@@ -61,20 +63,3 @@ class WordTokenizer:
             ids[row, : len(toks)] = toks
         return ids, ids != self.pad_id
 
-
-class ActionTokenizer:
-    """Uniform bins over [-1, 1]; bin index j decodes to the centre of bin j."""
-
-    def __init__(self, n_bins: int):
-        self.n_bins = n_bins
-        self.edges = np.linspace(-1.0, 1.0, n_bins + 1)
-        self.centres = ((self.edges[:-1] + self.edges[1:]) / 2).astype(np.float32)
-
-    def to_bins(self, actions: np.ndarray) -> np.ndarray:
-        """Actions in [-1, 1] (clipped) -> bin indices int64."""
-        clipped = np.clip(actions, -1.0, 1.0)
-        return np.clip(np.digitize(clipped, self.edges[1:-1]), 0, self.n_bins - 1).astype(np.int64)
-
-    def to_actions(self, bins: np.ndarray) -> np.ndarray:
-        """Bin indices -> normalised actions (bin centres)."""
-        return self.centres[np.asarray(bins)]

@@ -2,6 +2,12 @@
 
 The engine never shares tensors with the actor: weights arrive through `update_weights_from_tensor` (copied), and
 every output carries the policy version it was decoded with, so stale samples can be told apart.
+
+Two ways to compute the logits: the policy's own forward (`fast=False`, the default on CPU, bitwise what the actor
+recomputes) and `FastForward` (`rollout/fast_forward.py`: trimmed prompt padding, compiled blocks, only the rows and
+bins that are read), the default on CUDA. The fast logits equal the plain ones up to rounding (the kernels differ),
+so on the GPU the first PPO ratio of a step is 1 within bf16 noise rather than exactly 1; sampling, log-probs and
+actions are the same code for both. `benchmarks/decode.py` measures both and their agreement.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vla_scale.algo import logprobs_from_logits
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
+from vla_scale.rollout.fast_forward import FastForward, trim_text
 
 
 @dataclass
@@ -40,23 +48,60 @@ def weights_checksum(named_tensors: Iterable[tuple[str, Tensor]]) -> str:
 class RolloutEngine:
     """Decodes action chunks for batches of observations with its own copy of the weights."""
 
-    def __init__(self, policy: OFTPolicy, device: str | torch.device = "cpu", seed: int = 0):
-        self.policy = policy.to(device).eval().requires_grad_(False)
+    def __init__(self, policy: OFTPolicy, device: str | torch.device = "cpu", seed: int = 0,
+                 fast: bool | None = None, compile: bool | None = None, pin_memory: bool | None = None,
+                 dtype: torch.dtype | None = None):
+        """`fast`, `compile`, `pin_memory`: None picks them by device (all on for CUDA, off on CPU). `compile`
+        applies to the fast path only; `pin_memory` stages host inputs in reused page-locked buffers so that their
+        copy to the GPU is asynchronous. `dtype`: cast the engine's weights (e.g. bfloat16), None keeps the policy's;
+        weight sync then casts what it receives to it."""
         self.device = torch.device(device)
+        on_gpu = self.device.type == "cuda"
+        policy = policy.to(self.device) if dtype is None else policy.to(self.device, dtype)
+        self.policy = policy.eval().requires_grad_(False)
         self.version = -1
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        use_fast = (on_gpu and FastForward.supports(self.policy)) if fast is None else fast
+        self.fast = FastForward(self.policy, on_gpu if compile is None else compile) if use_fast else None
+        self.pin_memory = on_gpu if pin_memory is None else pin_memory
+        self._staging: dict[str, Tensor] = {}
+
+    def _to_device(self, name: str, tensor: Tensor) -> Tensor:
+        """Host tensor -> device; through a reused page-locked buffer when `pin_memory` (the previous decode's copy
+        from it has finished: every decode ends by reading its results back)."""
+        if not (self.pin_memory and tensor.device.type == "cpu" and self.device.type == "cuda"):
+            return tensor.to(self.device, non_blocking=True)
+        buffer = self._staging.get(name)
+        if buffer is None or buffer.dtype != tensor.dtype or buffer.numel() < tensor.numel():
+            buffer = self._staging[name] = torch.empty(tensor.numel(), dtype=tensor.dtype).pin_memory()
+        staged = buffer[: tensor.numel()].view(tensor.shape).copy_(tensor)
+        return staged.to(self.device, non_blocking=True)
+
+    def inputs(self, batch: PolicyInputs) -> PolicyInputs:
+        """The batch on the engine's device (prompt padding trimmed first on the fast path)."""
+        if self.fast is not None:
+            ids, mask = trim_text(batch.input_ids, batch.attention_mask)
+            batch = PolicyInputs(batch.pixel_values, ids, mask, batch.proprio)
+        return PolicyInputs(*(self._to_device(name, t) for name, t in vars(batch).items()))
+
+    def logits(self, batch: PolicyInputs) -> Tensor:
+        """Bin logits float32[B, chunk*action_dim, n_bins] of a batch already on the device."""
+        if self.fast is None:
+            return self.policy(batch).float()
+        return self.fast(batch.pixel_values, batch.input_ids, batch.attention_mask, batch.proprio)
 
     @torch.no_grad()
     def decode(self, batch: PolicyInputs, temperature: float, greedy: bool = False) -> Decoded:
         """Sample (or take the argmax of) every action token of the chunk in one forward pass."""
-        logits = self.policy(batch.to(self.device)).float() / temperature
-        logp_all = torch.log_softmax(logits, dim=-1)
+        raw = self.logits(self.inputs(batch))
+        logits = raw / temperature
         if greedy:
             tokens = logits.argmax(dim=-1)
         else:
-            flat = logp_all.exp().reshape(-1, logits.shape[-1])
-            tokens = torch.multinomial(flat, 1, generator=self.generator).view(logits.shape[:-1])
-        logprobs = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+            probs = torch.softmax(logits, dim=-1).reshape(-1, logits.shape[-1])
+            tokens = torch.multinomial(probs, 1, generator=self.generator).view(logits.shape[:-1])
+        # the same function the trainer recomputes them with, so both agree bitwise
+        logprobs = logprobs_from_logits(raw, tokens, temperature)
         tokens_np = tokens.cpu().numpy()
         return Decoded(tokens_np, logprobs.cpu().numpy(), self.policy.tokens_to_actions(tokens_np), self.version)
 

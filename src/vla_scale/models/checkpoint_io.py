@@ -1,0 +1,203 @@
+"""Reading and writing OpenVLA-OFT checkpoint folders, official layout, as data only (nothing in them is executed).
+
+A folder holds `config.json` (OpenVLAConfig fields, plus our `vla_scale` section when we wrote it),
+`model.safetensors` or shards with `model.safetensors.index.json` (official parameter names, which are ours too),
+`proprio_projector--<step>_checkpoint.pt` (a plain state dict, keys possibly prefixed `module.` by DDP, loaded with
+`torch.load(weights_only=True)`), `dataset_statistics.json` and `preprocessor_config.json`. The official `.py`
+files that `trust_remote_code` would import are never needed.
+
+Under ZeRO-3 (`zero3_init=True`, called inside `deepspeed.zero.Init`) every tensor is copied into its gathered
+parameter on rank 0 and scattered from there; otherwise the policy is built without random init (in `dtype`, on
+`device`) and the tensors are copied in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from vla_scale.models.actions import DatasetStats
+from vla_scale.models.spec import OFTSpec, openvla_config, spec_from_openvla
+
+if TYPE_CHECKING:
+    from vla_scale.models.policy import OFTPolicy
+
+CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
+STATS, PREPROCESSOR = "dataset_statistics.json", "preprocessor_config.json"
+PROPRIO_PREFIX = "proprio_projector."
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+
+
+def proprio_projector_file(path: str) -> str | None:
+    """The proprio projector side file: the only one, else 'latest', else the highest step."""
+    files = glob.glob(os.path.join(path, "proprio_projector--*checkpoint.pt"))
+    if len(files) <= 1:
+        return files[0] if files else None
+    latest = [f for f in files if "latest" in os.path.basename(f)]
+    steps = [(int(m.group(1)), f) for f in files if (m := re.search(r"--(\d+)_checkpoint\.pt$", f))]
+    return latest[0] if latest else max(steps)[1]
+
+
+def load_proprio_state(path: str) -> dict[str, torch.Tensor] | None:
+    """The proprio projector's state dict (`fc1.*`, `fc2.*`), or None when the folder has none."""
+    file = proprio_projector_file(path)
+    if file is None:
+        return None
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def read_spec(path: str, proprio_dim: int | None = None, **overrides: Any) -> OFTSpec:
+    """The spec of the checkpoint in `path` (config.json, with dataset_statistics.json when norm_stats is absent)."""
+    config = _read_json(os.path.join(path, CONFIG))
+    if not config.get("norm_stats") and os.path.exists(os.path.join(path, STATS)):
+        config["norm_stats"] = _read_json(os.path.join(path, STATS))
+    return spec_from_openvla(config, proprio_dim=proprio_dim, **overrides)
+
+
+def read_dataset_stats(path: str, unnorm_key: str = "") -> DatasetStats | None:
+    """The statistics a checkpoint normalises proprio with (None when it has none)."""
+    spec = read_spec(path)
+    if not spec.norm_stats:
+        return None
+    key = unnorm_key or spec.unnorm_key or next(iter(spec.norm_stats))
+    if len(spec.norm_stats) > 1 and not (unnorm_key or spec.unnorm_key):
+        raise KeyError(f"{path} has statistics of several datasets: set model.unnorm_key to one of "
+                       f"{sorted(spec.norm_stats)}")
+    return DatasetStats.from_json(spec.norm_stats[key], spec.normalization)
+
+
+def weight_files(path: str) -> list[str]:
+    index = os.path.join(path, INDEX)
+    if os.path.exists(index):
+        return [os.path.join(path, f) for f in sorted(set(_read_json(index)["weight_map"].values()))]
+    if os.path.exists(os.path.join(path, WEIGHTS)):
+        return [os.path.join(path, WEIGHTS)]
+    raise FileNotFoundError(f"{path} has neither {WEIGHTS} nor {INDEX}")
+
+
+def iter_tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every (name, tensor) of the checkpoint, one at a time (the proprio projector under `proprio_projector.`)."""
+    for file in weight_files(path):
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+    proprio = load_proprio_state(path)
+    for name, tensor in (proprio or {}).items():
+        yield PROPRIO_PREFIX + name, tensor
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def load_policy(cls: type[OFTPolicy], path: str, dtype: torch.dtype = torch.float32, device: str | None = None,
+                zero3_init: bool = False, **overrides: Any) -> OFTPolicy:
+    """Build the policy `path` describes and copy its weights in (strict: every parameter, no stray tensor)."""
+    from transformers import initialization
+
+    proprio = load_proprio_state(path)
+    spec = read_spec(path, proprio_dim=proprio["fc1.weight"].shape[1] if proprio else None, **overrides)
+    place = contextlib.nullcontext() if zero3_init or device is None else torch.device(device)
+    with _default_dtype(dtype), place, initialization.no_init_weights():
+        policy = cls(spec, zero3_init=zero3_init, init=False)
+    if os.path.exists(os.path.join(path, PREPROCESSOR)):
+        policy.preprocessor = _read_json(os.path.join(path, PREPROCESSOR))
+    copy_tensors(policy, iter_tensors(path), zero3_init)
+    return policy
+
+
+def copy_tensors(module: torch.nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], zero3: bool) -> None:
+    """Copy named tensors into `module`'s parameters; raise naming what is missing, unexpected or misshaped."""
+    params = dict(module.named_parameters())
+    seen: set[str] = set()
+    for name, tensor in tensors:
+        if name not in params:
+            raise KeyError(f"checkpoint tensor {name!r} has no parameter in the policy (architecture mismatch)")
+        _copy_one(name, params[name], tensor, zero3)
+        seen.add(name)
+    missing = sorted(set(params) - seen)
+    if missing:
+        raise KeyError(f"checkpoint lacks {len(missing)} parameters of the policy, e.g. {missing[:5]}")
+
+
+def _copy_one(name: str, param: torch.nn.Parameter, tensor: torch.Tensor, zero3: bool) -> None:
+    shape = tuple(getattr(param, "ds_shape", param.shape)) if zero3 else tuple(param.shape)
+    if shape != tuple(tensor.shape):
+        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != policy shape {shape}")
+    if not zero3:
+        with torch.no_grad():
+            param.copy_(tensor)
+        return
+    import deepspeed
+    import torch.distributed as dist
+
+    with deepspeed.zero.GatheredParameters([param], modifier_rank=0), torch.no_grad():
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            param.copy_(tensor)
+
+
+def save_policy(policy: OFTPolicy, path: str, max_shard_gb: float = 5.0) -> None:
+    """Write the folder `load_policy` reads (see the module docstring); the policy must not be ZeRO-3 sharded."""
+    os.makedirs(path, exist_ok=True)
+    state = {n: p.detach().contiguous().cpu() for n, p in policy.named_parameters()}
+    proprio = {"module." + n.removeprefix(PROPRIO_PREFIX): state.pop(n) for n in list(state)
+               if n.startswith(PROPRIO_PREFIX)}
+    _save_shards(state, path, int(max_shard_gb * 2**30))
+    if proprio:
+        torch.save(proprio, os.path.join(path, "proprio_projector--latest_checkpoint.pt"))
+    config = openvla_config(policy.spec)
+    config["torch_dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
+    _write_json(os.path.join(path, CONFIG), config)
+    if policy.spec.norm_stats:
+        _write_json(os.path.join(path, STATS), policy.spec.norm_stats)
+    _write_json(os.path.join(path, PREPROCESSOR), policy.preprocessor or policy.image_transform().preprocessor_config())
+
+
+def _save_shards(state: dict[str, torch.Tensor], path: str, max_bytes: int) -> None:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    for old in glob.glob(os.path.join(path, "model*.safetensors")) + glob.glob(os.path.join(path, INDEX)):
+        os.remove(old)
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(path, WEIGHTS), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, start=1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(path, file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    _write_json(os.path.join(path, INDEX), {"metadata": {"total_size": total}, "weight_map": weight_map})

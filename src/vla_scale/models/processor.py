@@ -1,0 +1,186 @@
+"""Observations (numpy, from the simulators) -> PolicyInputs, with the image preprocessing of the official processor.
+
+Per tower (`PrismaticImageProcessor`): resize to the tower's input size, `to_tensor` (x / 255), normalise with the
+tower's mean/std; the towers' 3-channel results are stacked on the channel axis (6 channels for DINOv2 + SigLIP),
+and several images of one example are stacked after each other (image 0 first). Means and stds come from the
+checkpoint's `preprocessor_config.json` when there is one, else from the towers (timm's data configs).
+
+Optional 0.9-area centre crop (OFT's `center_crop_image`, for checkpoints trained with random crops): TensorFlow's
+`crop_and_resize` of the centre box of side sqrt(0.9), bilinear, back to the same size, on [0, 1] floats, converted
+back to uint8 as TensorFlow does (x * 255.5, truncated). Reproduced here in torch, so no TensorFlow is needed.
+
+Resizing (only when the camera image is not the tower's size) uses torch's antialiased bicubic, a close stand-in for
+PIL's bicubic (the official LIBERO scripts resize with TensorFlow's Lanczos before this); render cameras at the
+model's resolution to skip it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vla_scale.config import ModelConfig
+from vla_scale.envs.types import Observation
+from vla_scale.models.actions import DatasetStats
+from vla_scale.models.spec import tower_specs
+from vla_scale.models.tokenizer import PROMPT, TextTokenizer
+from vla_scale.models.vision import ViTSpec
+
+
+@dataclass
+class PolicyInputs:
+    """One batch of model inputs, as tensors."""
+
+    pixel_values: Tensor  # float32[B, N*C, S, S]: N images, C = 3 per tower, normalised per tower
+    input_ids: Tensor  # int64[B, L], right-padded, BOS first
+    attention_mask: Tensor  # bool[B, L]
+    proprio: Tensor  # float32[B, d], already normalised
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to(self, device: torch.device | str) -> PolicyInputs:
+        return PolicyInputs(*(t.to(device, non_blocking=True) for t in vars(self).values()))
+
+
+@dataclass(frozen=True)
+class ImageTransform:
+    """uint8 images [B, N, H, W, 3] -> pixel_values float32 [B, N * 3 * towers, S, S]."""
+
+    image_size: int
+    means: tuple[tuple[float, ...], ...]  # one per tower
+    stds: tuple[tuple[float, ...], ...]
+    center_crop: bool = False
+    crop_area: float = 0.9
+
+    @classmethod
+    def for_model(cls, cfg: ModelConfig) -> ImageTransform:
+        """From the checkpoint's preprocessor_config.json when `cfg.checkpoint` has one, else from the towers."""
+        path = os.path.join(cfg.checkpoint, "preprocessor_config.json") if cfg.checkpoint else ""
+        if path and os.path.exists(path):
+            with open(path) as f:
+                return cls.from_preprocessor_config(json.load(f), cfg.center_crop)
+        return cls.from_towers(tower_specs(cfg), cfg.center_crop)
+
+    @classmethod
+    def from_towers(cls, towers: list[ViTSpec], center_crop: bool) -> ImageTransform:
+        return cls(towers[0].image_size, tuple(t.mean for t in towers), tuple(t.std for t in towers), center_crop)
+
+    @classmethod
+    def from_preprocessor_config(cls, pre: dict, center_crop: bool) -> ImageTransform:
+        """From an official preprocessor_config.json (the float32 values its Normalize used, when listed)."""
+        if pre.get("image_resize_strategy", "resize-naive") != "resize-naive":
+            raise ValueError(f"image_resize_strategy {pre['image_resize_strategy']!r} is not supported "
+                             "(the OpenVLA-OFT checkpoints use resize-naive)")
+        norms = pre.get("tvf_normalize_params") or [{"mean": m, "std": s} for m, s in zip(pre["means"], pre["stds"],
+                                                                                          strict=True)]
+        return cls(int(pre["input_sizes"][0][-1]), tuple(tuple(n["mean"]) for n in norms),
+                   tuple(tuple(n["std"]) for n in norms), center_crop)
+
+    def __call__(self, images: np.ndarray) -> Tensor:
+        batch, n, h, w, _ = images.shape
+        x = torch.from_numpy(np.ascontiguousarray(images)).reshape(batch * n, h, w, 3).permute(0, 3, 1, 2)
+        if (h, w) != (self.image_size, self.image_size):
+            x = resize_uint8(x, self.image_size)
+        if self.center_crop:
+            x = centre_crop_uint8(x, self.crop_area)
+        unit = x.float() / 255.0
+        towers = [(unit - _column(mean)) / _column(std) for mean, std in zip(self.means, self.stds, strict=True)]
+        pixels = torch.cat(towers, dim=1)
+        return pixels.reshape(batch, n * pixels.shape[1], self.image_size, self.image_size)
+
+    def preprocessor_config(self) -> dict:
+        """The official preprocessor_config.json (resize-naive, bicubic) describing this transform."""
+        size = [3, self.image_size, self.image_size]
+        norms = [{"inplace": False, "mean": list(m), "std": list(s)} for m, s in zip(self.means, self.stds,
+                                                                                      strict=True)]
+        towers = len(self.means)
+        return {"image_processor_type": "PrismaticImageProcessor", "image_resize_strategy": "resize-naive",
+                "input_sizes": [size] * towers, "interpolations": ["bicubic"] * towers,
+                "means": [list(m) for m in self.means], "stds": [list(s) for s in self.stds],
+                "tvf_crop_params": [{"output_size": size[1:]}] * towers, "tvf_do_letterbox": False,
+                "tvf_letterbox_fill": None, "tvf_normalize_params": norms,
+                "tvf_resize_params": [{"antialias": True, "interpolation": 3, "max_size": None,
+                                       "size": size[1:]}] * towers,
+                "use_fused_vision_backbone": towers == 2}
+
+
+def _column(values: tuple[float, ...]) -> Tensor:
+    return torch.tensor(values, dtype=torch.float32).view(1, -1, 1, 1)
+
+
+def resize_uint8(x: Tensor, size: int) -> Tensor:
+    """uint8 [B, 3, H, W] -> uint8 [B, 3, size, size], antialiased bicubic."""
+    out = F.interpolate(x.float(), size=(size, size), mode="bicubic", antialias=True, align_corners=False)
+    return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def centre_crop_uint8(x: Tensor, area: float) -> Tensor:
+    """TensorFlow's crop_and_resize of the centre box covering `area` of the image, back to the same size."""
+    _, _, h, w = x.shape
+    side = np.sqrt(np.float32(area)).clip(0, 1)
+    lo = (np.float32(1) - side) / np.float32(2)
+    image = x.float() * np.float32(1 / 255.0)
+    ys, xs = _sample_points(lo, lo + side, h), _sample_points(lo, lo + side, w)
+    y0, x0 = ys.floor().long(), xs.floor().long()
+    y1, x1 = ys.ceil().long().clamp(max=h - 1), xs.ceil().long().clamp(max=w - 1)
+    dy, dx = (ys - y0).view(1, 1, -1, 1), (xs - x0).view(1, 1, 1, -1)
+    top = image[:, :, y0][..., x0] + (image[:, :, y0][..., x1] - image[:, :, y0][..., x0]) * dx
+    bottom = image[:, :, y1][..., x0] + (image[:, :, y1][..., x1] - image[:, :, y1][..., x0]) * dx
+    out = (top + (bottom - top) * dy).clamp(0, 1)
+    return (out * np.float32(255.5)).clamp(0, 255).to(torch.uint8)
+
+
+def _sample_points(start: np.float32, end: np.float32, size: int) -> Tensor:
+    """TensorFlow's sampling grid of crop_and_resize: start*(size-1) + i*(end-start)*(size-1)/(size-1)."""
+    scale = (end - start) * np.float32(size - 1) / np.float32(size - 1)
+    index = torch.arange(size, dtype=torch.float32)
+    return float(start * np.float32(size - 1)) + index * float(scale)
+
+
+class Processor:
+    """Observations (or arrays) -> PolicyInputs for one policy.
+
+    `stats`: the dataset statistics that normalise proprio (official checkpoints); None passes proprio through.
+    `cameras`: the observation images fed to the policy, in order (the first is the primary view).
+    """
+
+    def __init__(self, cfg: ModelConfig, tokenizer: TextTokenizer, camera: str | tuple[str, ...] = "agentview",
+                 stats: DatasetStats | None = None, transform: ImageTransform | None = None):
+        if stats is None and cfg.checkpoint:
+            from vla_scale.models.checkpoint_io import read_dataset_stats
+
+            stats = read_dataset_stats(cfg.checkpoint, cfg.unnorm_key)
+        self.cfg, self.tokenizer, self.stats = cfg, tokenizer, stats
+        self.cameras = (camera,) if isinstance(camera, str) else tuple(camera)
+        self.transform = transform or ImageTransform.for_model(cfg)
+
+    @classmethod
+    def for_policy(cls, policy: Any, tokenizer: TextTokenizer, camera: str | tuple[str, ...] = "agentview",
+                   unnorm_key: str | None = None) -> Processor:
+        """The processor a loaded `OFTPolicy` expects: its towers' preprocessing, its proprio statistics."""
+        return cls(policy.model_config, tokenizer, camera, policy.dataset_stats(unnorm_key), policy.image_transform())
+
+    def __call__(self, observations: list[Observation]) -> PolicyInputs:
+        images = np.stack([np.stack([o.images[c] for c in self.cameras]) for o in observations])
+        proprio = np.stack([o.proprio for o in observations])
+        return self.from_arrays(images, [o.instruction for o in observations], proprio)
+
+    def from_arrays(self, images: np.ndarray, instructions: list[str], proprio: np.ndarray) -> PolicyInputs:
+        """images uint8 [B, H, W, 3] or [B, N, H, W, 3]; proprio raw [B, d]."""
+        if images.ndim == 4:
+            images = images[:, None]
+        pixels = self.transform(images)
+        if self.stats is not None:
+            proprio = self.stats.normalize_proprio(proprio)
+        prompts = [PROMPT.format(instruction=text.lower()) for text in instructions]
+        ids, mask = self.tokenizer.encode(prompts, self.cfg.max_text_len)
+        proprio_t = torch.from_numpy(np.asarray(proprio, dtype=np.float32))
+        return PolicyInputs(pixels, torch.from_numpy(ids), torch.from_numpy(mask), proprio_t)

@@ -1,0 +1,267 @@
+"""What an OFT policy is, read from an OpenVLA `config.json` (official or written by us) or from a `ModelConfig`.
+
+The official `config.json` (OpenVLAConfig) is the single source of truth: a policy built from a `ModelConfig` first
+writes the config.json it would save, then reads it back like an official one. So every constant below comes from the
+config, never from a literal in the model code:
+  * vocabulary and action tokens: `text_config.vocab_size` is padded by `pad_to_multiple_of`; the official code takes
+    `text_vocab = text_config.vocab_size - pad_to_multiple_of` (32000 for Llama-2) and the action tokens are its last
+    `n_action_bins` ids; the stop token is `text_config.eos_token_id`.
+  * towers: `timm_model_ids`, `image_sizes`, `timm_override_act_layers` (filled from `vision_backbone_id` as
+    OpenVLAConfig does when absent).
+  * Llama: `text_config`, with the transformers 4.40.1 `LlamaConfig` defaults (what the official code ran with) for
+    every field the file leaves out.
+  * chunk length, action and proprio size, normalisation: not config fields in the official code, which picks them
+    per robot platform from the command line. We read them from our own `vla_scale` section when present, else from
+    the platform the dataset names in `norm_stats` point to (LIBERO, ALOHA, BRIDGE), else they must be given.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from vla_scale.config import ModelConfig
+from vla_scale.models.vision import HALF_MEAN_STD, ViTSpec, timm_vit_spec
+
+LLAMA_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": None, "hidden_act": "silu", "max_position_embeddings": 2048,
+    "initializer_range": 0.02, "rms_norm_eps": 1e-6, "pad_token_id": None, "bos_token_id": 1, "eos_token_id": 2,
+    "tie_word_embeddings": False, "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False,
+    "attention_dropout": 0.0,
+}
+"""transformers 4.40.1 LlamaConfig defaults: what an official `text_config` means by the fields it omits."""
+
+PLATFORMS: dict[str, dict[str, Any]] = {
+    "libero": {"chunk_len": 8, "action_dim": 7, "proprio_dim": 8, "normalization": "bounds_q99"},
+    "aloha": {"chunk_len": 25, "action_dim": 14, "proprio_dim": 14, "normalization": "bounds"},
+    "bridge": {"chunk_len": 5, "action_dim": 7, "proprio_dim": 7, "normalization": "bounds_q99"},
+}
+"""The official per-platform constants (prismatic/vla/constants.py)."""
+
+VISION_BACKBONES: dict[str, tuple[list[str], int, list[str | None]]] = {
+    "clip-vit-l": (["vit_large_patch14_clip_224.openai"], 224, ["quick_gelu"]),
+    "clip-vit-l-336px": (["vit_large_patch14_clip_336.openai"], 336, ["quick_gelu"]),
+    "dinov2-vit-l": (["vit_large_patch14_reg4_dinov2.lvd142m"], 224, [None]),
+    "in1k-vit-l": (["vit_large_patch16_224.augreg_in21k_ft_in1k"], 224, [None]),
+    "siglip-vit-so400m": (["vit_so400m_patch14_siglip_224"], 224, [None]),
+    "siglip-vit-so400m-384px": (["vit_so400m_patch14_siglip_384"], 384, [None]),
+    "dinoclip-vit-l-336px": (["vit_large_patch14_reg4_dinov2.lvd142m", "vit_large_patch14_clip_336.openai"], 336,
+                             [None, "quick_gelu"]),
+    "dinosiglip-vit-so-224px": (["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"], 224,
+                                [None, None]),
+    "dinosiglip-vit-so-384px": (["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_384"], 384,
+                                [None, None]),
+}
+"""OpenVLAConfig's vision_backbone_id -> (timm ids, image size, activation overrides)."""
+
+ATTENTION_MODES = ("bidirectional", "causal")
+
+
+@dataclass
+class OFTSpec:
+    """The resolved architecture and decode constants of one policy."""
+
+    towers: list[ViTSpec]
+    llm: dict[str, Any]  # complete LlamaConfig kwargs
+    pad_to_multiple_of: int
+    n_bins: int
+    chunk_len: int
+    action_dim: int
+    proprio_dim: int  # 0: no proprio projector
+    normalization: str
+    attention: str = "bidirectional"
+    learned_action_queries: bool = False
+    ordinal_bin_init: float = 0.0
+    center_crop: bool = False
+    unnorm_key: str = ""
+    norm_stats: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)  # the config.json read, kept for saving
+
+    @property
+    def text_vocab(self) -> int:
+        return int(self.llm["vocab_size"]) - self.pad_to_multiple_of
+
+    @property
+    def action_token_begin(self) -> int:
+        return self.text_vocab - self.n_bins
+
+    @property
+    def stop_token_id(self) -> int:
+        return int(self.llm["eos_token_id"])
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.llm["pad_token_id"])
+
+    @property
+    def num_action_tokens(self) -> int:
+        return self.chunk_len * self.action_dim
+
+
+def _llm_kwargs(text_config: dict[str, Any], pad_token_id: int) -> dict[str, Any]:
+    if text_config.get("model_type", "llama") != "llama":
+        raise ValueError(f"only Llama backbones are supported, not {text_config.get('model_type')!r}")
+    llm = {key: text_config.get(key, default) for key, default in LLAMA_DEFAULTS.items()}
+    if llm["pad_token_id"] is None:
+        llm["pad_token_id"] = pad_token_id
+    return llm
+
+
+def _timm_ids(config: dict[str, Any]) -> list[str]:
+    ids = config.get("timm_model_ids") or VISION_BACKBONES.get(config.get("vision_backbone_id", ""), ([],))[0]
+    fused = config.get("use_fused_vision_backbone", len(ids) == 2)
+    return list(ids if fused else ids[:1])
+
+
+def _towers(config: dict[str, Any], ours: dict[str, Any]) -> list[ViTSpec]:
+    if "vision_towers" in ours:
+        return [ViTSpec.from_dict(t) for t in ours["vision_towers"]]
+    ids = _timm_ids(config)
+    if not ids:
+        raise ValueError("config.json names no vision towers (timm_model_ids / vision_backbone_id)")
+    _, default_size, default_acts = VISION_BACKBONES.get(config.get("vision_backbone_id", ""), ([], 224, []))
+    sizes = config.get("image_sizes") or [default_size] * len(ids)
+    acts = config.get("timm_override_act_layers") or default_acts or [None] * len(ids)
+    return [timm_vit_spec(t, size, act) for t, size, act in zip(ids, sizes, acts, strict=False)]
+
+
+def _platform(norm_stats: dict[str, Any]) -> dict[str, Any]:
+    names = {p for key in norm_stats for p in PLATFORMS if p in key.lower()}
+    return PLATFORMS[names.pop()] if len(names) == 1 else {}
+
+
+def spec_from_openvla(config: dict[str, Any], proprio_dim: int | None = None, **overrides: Any) -> OFTSpec:
+    """Read a config.json dict. `proprio_dim`: input size of the proprio projector found beside it (None: none).
+
+    `overrides` replace any OFTSpec field (e.g. attention="causal", chunk_len=8, unnorm_key=...)."""
+    ours = config.get("vla_scale", {})
+    norm_stats = config.get("norm_stats") or {}
+    platform = _platform(norm_stats)
+    constants: dict[str, Any] = {}
+    for key in ("chunk_len", "action_dim", "normalization"):
+        value = overrides.pop(key, ours.get(key, platform.get(key)))
+        if value is None:
+            raise ValueError(f"{key} is not in config.json and its norm_stats name no known robot platform "
+                             f"({sorted(PLATFORMS)}): pass {key}=... to from_pretrained")
+        constants[key] = value
+    spec = OFTSpec(
+        towers=_towers(config, ours),
+        llm=_llm_kwargs(config.get("text_config") or {}, int(config.get("pad_token_id", 32000))),
+        pad_to_multiple_of=int(config.get("pad_to_multiple_of", 64)),
+        n_bins=int(config.get("n_action_bins", 256)),
+        proprio_dim=int(proprio_dim or 0),
+        norm_stats=copy.deepcopy(norm_stats),
+        raw=copy.deepcopy(config),
+        **constants,
+        **{k: ours[k] for k in ("attention", "learned_action_queries", "ordinal_bin_init", "center_crop",
+                                "unnorm_key") if k in ours},
+    )
+    spec = replace(spec, **overrides)
+    _check(spec)
+    return spec
+
+
+def _check(spec: OFTSpec) -> None:
+    if spec.attention not in ATTENTION_MODES:
+        raise ValueError(f"attention={spec.attention!r}: choose one of {ATTENTION_MODES}")
+    if spec.action_token_begin < 0:
+        raise ValueError(f"vocabulary {spec.llm['vocab_size']} too small for {spec.n_bins} action bins")
+    for name, stats in spec.norm_stats.items():
+        dim = len(stats["action"]["q01"])
+        if dim != spec.action_dim:
+            raise ValueError(f"norm_stats[{name!r}] has {dim}-d actions but the policy decodes {spec.action_dim}")
+
+
+def openvla_config(spec: OFTSpec) -> dict[str, Any]:
+    """The config.json to save: the official fields (kept from the file read, or made up) plus our section."""
+    config = copy.deepcopy(spec.raw)
+    text_config = dict(config.get("text_config") or {})
+    text_config.update({k: v for k, v in spec.llm.items() if v != LLAMA_DEFAULTS.get(k, object())})
+    text_config.setdefault("model_type", "llama")
+    config.update(text_config=text_config, n_action_bins=spec.n_bins, pad_to_multiple_of=spec.pad_to_multiple_of,
+                  norm_stats=spec.norm_stats, pad_token_id=spec.pad_token_id,
+                  use_fused_vision_backbone=len(spec.towers) == 2,
+                  image_sizes=[t.image_size for t in spec.towers])
+    config["vla_scale"] = {
+        "chunk_len": spec.chunk_len, "action_dim": spec.action_dim, "normalization": spec.normalization,
+        "attention": spec.attention, "learned_action_queries": spec.learned_action_queries,
+        "ordinal_bin_init": spec.ordinal_bin_init, "center_crop": spec.center_crop, "unnorm_key": spec.unnorm_key,
+        "vision_towers": [t.to_dict() for t in spec.towers],
+    }
+    return config
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def tower_specs(cfg: ModelConfig) -> list[ViTSpec]:
+    """The towers `cfg` asks for: timm architectures, or one small ViT of our own.
+
+    Our own tower differs from the official featurizer on purpose (no class token, features after the last block
+    and the final norm): it is trained from scratch and every block it has is used."""
+    if cfg.timm_model_ids:
+        return [timm_vit_spec(t, cfg.image_size) for t in cfg.timm_model_ids]
+    return [ViTSpec(image_size=cfg.image_size, patch_size=cfg.patch_size, embed_dim=cfg.vision_dim,
+                    depth=cfg.vision_layers, num_heads=cfg.num_heads, class_token=False, feature_block=-1,
+                    norm_features=True, mean=HALF_MEAN_STD[0], std=HALF_MEAN_STD[1])]
+
+
+def config_from_model_config(cfg: ModelConfig, text_vocab_size: int, eos_id: int) -> dict[str, Any]:
+    """The config.json of a fresh policy described by `cfg` for a tokenizer of `text_vocab_size` ids.
+
+    Vocabulary as OpenVLA lays it out: the action bins are the last `n_bins` ids of the text vocabulary (here
+    appended after the tokenizer's ids, rounded up to `pad_to_multiple_of`), followed by one block of
+    `pad_to_multiple_of` ids whose first is the pad token. `model.vocab_size` fixes the size instead (oft_7b: 32064).
+    """
+    m = cfg.pad_to_multiple_of
+    vocab = cfg.vocab_size or _round_up(text_vocab_size + cfg.n_bins, m) + m
+    if vocab - m - cfg.n_bins < text_vocab_size:
+        raise ValueError(f"model.vocab_size={vocab} leaves no room for {text_vocab_size} text ids and "
+                         f"{cfg.n_bins} action bins below the last {m} ids; raise it or set it to 0")
+    text_config = {"model_type": "llama", "vocab_size": vocab, "hidden_size": cfg.hidden_size,
+                   "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+                   "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_heads,
+                   "pad_token_id": vocab - m, "eos_token_id": eos_id}
+    spec = OFTSpec(towers=tower_specs(cfg), llm=_llm_kwargs(text_config, vocab - m), pad_to_multiple_of=m,
+                   n_bins=cfg.n_bins, chunk_len=cfg.chunk_len, action_dim=cfg.action_dim,
+                   proprio_dim=cfg.proprio_dim if cfg.use_proprio else 0, normalization="bounds_q99",
+                   attention=cfg.attention, learned_action_queries=cfg.learned_action_queries,
+                   ordinal_bin_init=cfg.ordinal_bin_init, center_crop=cfg.center_crop, unnorm_key=cfg.unnorm_key,
+                   raw=_official_fields(cfg))
+    _check(spec)
+    return openvla_config(spec)
+
+
+def _official_fields(cfg: ModelConfig) -> dict[str, Any]:
+    """The OpenVLAConfig fields of a fresh policy; with official towers and Llama-2 sizes, those of OpenVLA-7B."""
+    fields: dict[str, Any] = {"model_type": "openvla", "architectures": ["OpenVLAForActionPrediction"],
+                              "timm_model_ids": list(cfg.timm_model_ids), "image_resize_strategy": "resize-naive"}
+    for backbone, (ids, size, acts) in VISION_BACKBONES.items():
+        if ids == list(cfg.timm_model_ids) and size == cfg.image_size:
+            fields.update(vision_backbone_id=backbone, timm_override_act_layers=acts,
+                          arch_specifier="no-align+fused-gelu-mlp" if len(ids) == 2 else "no-align+gelu-mlp")
+    if (cfg.hidden_size, cfg.num_layers) == (LLAMA_DEFAULTS["hidden_size"], LLAMA_DEFAULTS["num_hidden_layers"]):
+        fields.update(llm_backbone_id="llama2-7b-pure", hf_llm_id="meta-llama/Llama-2-7b-hf", llm_max_length=2048)
+    return fields
+
+
+def model_config_from_spec(spec: OFTSpec, base: ModelConfig | None = None) -> ModelConfig:
+    """The ModelConfig that describes `spec` (fields that do not apply keep `base`'s values)."""
+    base = base or ModelConfig()
+    tower = spec.towers[0]
+    timm_ids = _timm_ids(spec.raw)
+    return replace(
+        base, image_size=tower.image_size, patch_size=tower.patch_size,
+        vision_dim=base.vision_dim if timm_ids else tower.embed_dim,
+        vision_layers=base.vision_layers if timm_ids else tower.depth,
+        hidden_size=spec.llm["hidden_size"], num_layers=spec.llm["num_hidden_layers"],
+        num_heads=spec.llm["num_attention_heads"], intermediate_size=spec.llm["intermediate_size"],
+        chunk_len=spec.chunk_len, action_dim=spec.action_dim, n_bins=spec.n_bins,
+        use_proprio=spec.proprio_dim > 0, proprio_dim=spec.proprio_dim or base.proprio_dim,
+        learned_action_queries=spec.learned_action_queries, ordinal_bin_init=spec.ordinal_bin_init,
+        pad_to_multiple_of=spec.pad_to_multiple_of, attention=spec.attention, timm_model_ids=timm_ids,
+        vocab_size=spec.llm["vocab_size"], center_crop=spec.center_crop, unnorm_key=spec.unnorm_key,
+    )

@@ -1,0 +1,57 @@
+"""Image preprocessing: per-tower normalisation, several cameras, resize, the 0.9-area centre crop."""
+
+import numpy as np
+import torch
+
+from vla_scale.config import ModelConfig
+from vla_scale.envs.reach import instructions
+from vla_scale.envs.types import Observation
+from vla_scale.models import ImageTransform, Processor, WordTokenizer
+from vla_scale.models.processor import centre_crop_uint8
+
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+def test_each_tower_gets_its_own_normalisation_and_images_stack_on_channels():
+    transform = ImageTransform(16, (IMAGENET[0], (0.5, 0.5, 0.5)), (IMAGENET[1], (0.5, 0.5, 0.5)))
+    images = np.random.default_rng(0).integers(0, 256, (2, 3, 16, 16, 3), dtype=np.uint8)
+    pixels = transform(images)
+    assert pixels.shape == (2, 18, 16, 16) and pixels.dtype == torch.float32
+    unit = torch.from_numpy(images[1, 2]).permute(2, 0, 1).float() / 255.0
+    mean, std = torch.tensor(IMAGENET[0]).view(3, 1, 1), torch.tensor(IMAGENET[1]).view(3, 1, 1)
+    torch.testing.assert_close(pixels[1, 12:15], (unit - mean) / std, rtol=0, atol=0)
+    torch.testing.assert_close(pixels[1, 15:18], unit * 2 - 1, rtol=0, atol=1e-7)
+
+
+def test_timm_towers_bring_their_data_config():
+    cfg = ModelConfig(timm_model_ids=["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"],
+                      image_size=224, patch_size=14)
+    transform = ImageTransform.for_model(cfg)
+    assert transform.means == (IMAGENET[0], (0.5, 0.5, 0.5)) and transform.stds[0] == IMAGENET[1]
+
+
+def test_processor_reads_every_camera_and_resizes():
+    tok = WordTokenizer.from_instructions(instructions())
+    cfg = ModelConfig(image_size=32, patch_size=8)
+    proc = Processor(cfg, tok, camera=("agentview", "wrist"))
+    rng = np.random.default_rng(0)
+    obs = [Observation({"agentview": rng.integers(0, 256, (48, 48, 3), dtype=np.uint8),
+                        "wrist": np.zeros((48, 48, 3), np.uint8)}, np.zeros(4, np.float32), "reach the red block")]
+    batch = proc(obs)
+    assert batch.pixel_values.shape == (1, 6, 32, 32)
+    assert torch.all(batch.pixel_values[0, 3:] == -1.0) and batch.pixel_values[0, :3].std() > 0.3
+
+
+def test_centre_crop_keeps_the_centre_box_of_the_area():
+    """A horizontal ramp: the crop keeps columns lo..hi of the box with side sqrt(0.9), as TF crop_and_resize."""
+    w = 224
+    ramp = np.broadcast_to(np.arange(w, dtype=np.uint8)[None, :, None], (w, w, 3))
+    out = centre_crop_uint8(torch.from_numpy(np.ascontiguousarray(ramp)).permute(2, 0, 1)[None], 0.9)
+    side = np.sqrt(np.float32(0.9))
+    lo = (1 - side) / 2
+    expected_cols = (lo + np.arange(w) * side / (w - 1)) * (w - 1)
+    got = out[0, 0, w // 2].numpy().astype(np.float64)
+    assert np.abs(got - np.floor(expected_cols / 255 * 255.5)).max() <= 1
+    assert out.shape == (1, 3, w, w) and out.dtype == torch.uint8
+    flat = torch.full((1, 3, w, w), 200, dtype=torch.uint8)
+    assert torch.equal(centre_crop_uint8(flat, 0.9), flat)
