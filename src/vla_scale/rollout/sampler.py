@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from vla_scale.config import EnvConfig
+from vla_scale.config import EnvConfig, init_state_ids
 from vla_scale.envs.types import TaskSpec
 
 
@@ -16,20 +16,17 @@ class TaskSampler:
     def __init__(self, env: EnvConfig, seed: int):
         self.env = env
         self.rng = np.random.default_rng(seed)
+        self.train_ids = init_state_ids(env, "train")
+        self.eval_ids = init_state_ids(env, "eval")
 
     def draw(self, n: int) -> list[TaskSpec]:
         tasks = self.rng.integers(0, self.env.num_tasks, size=n)
-        states = self.rng.integers(0, self.env.num_train_init_states, size=n)
-        return [TaskSpec(self.env.suite, int(t), int(s)) for t, s in zip(tasks, states, strict=False)]
+        states = self.rng.integers(0, len(self.train_ids), size=n)
+        return [TaskSpec(self.env.suite, int(t), self.train_ids[s]) for t, s in zip(tasks, states, strict=True)]
 
     def eval_specs(self) -> list[TaskSpec]:
-        """Every task on every held-out init state (ids after the TRAIN split)."""
-        first = self.env.num_train_init_states
-        return [
-            TaskSpec(self.env.suite, task, first + k)
-            for task in range(self.env.num_tasks)
-            for k in range(self.env.num_eval_init_states)
-        ]
+        """Every task on every held-out init state (see config.init_state_ids for the split)."""
+        return [TaskSpec(self.env.suite, task, s) for task in range(self.env.num_tasks) for s in self.eval_ids]
 
     def state_dict(self) -> dict[str, Any]:
         return {"bit_generator": self.rng.bit_generator.state}

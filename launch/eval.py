@@ -1,0 +1,173 @@
+"""Evaluate a policy on a suite's held-out init states: `python launch/eval.py [checkpoint=PATH] [overrides]`.
+
+Every task of the suite (ids 0..env.num_tasks-1) is played once from each EVAL init state, with greedy decoding,
+in parallel over the simulator fleet (env.num_workers x env.sims_per_worker processes, one simulator each). Writes
+to the run directory `eval_<suite>.csv` and `eval_<suite>.md` (success per task and the total), `videos/` (the first
+env.eval_videos_per_task episodes of every task as MP4, default 1) and `tb/` (success rates and the videos). The last
+line printed is `eval: suite=<name> episodes=<n> success_rate=<r>`.
+
+checkpoint= a run directory (its latest checkpoint), a `checkpoints/step_<k>` folder or a `model.safetensors` file
+written by launch/train.py; pass the run's model overrides too (e.g. `model=tiny_libero`). Without it a freshly
+initialised policy is evaluated: a smoke run of the whole path. Example:
+
+    python launch/eval.py env=libero_spatial model=tiny_libero checkpoint=runs/my_run
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import os
+import sys
+import time
+import warnings
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+
+def _pop_checkpoint(argv: list[str]) -> tuple[list[str], str]:
+    kept, checkpoint = [], ""
+    for arg in argv:
+        if arg.startswith("checkpoint="):
+            checkpoint = arg.split("=", 1)[1]
+        else:
+            kept.append(arg)
+    return kept, checkpoint
+
+
+sys.argv, CHECKPOINT = _pop_checkpoint(sys.argv)
+warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+
+from vla_scale.config import Config, ConfigError, init_state_ids, register_configs, to_config, validate  # noqa: E402
+
+register_configs()
+
+
+def weights_file(path: str) -> str:
+    """The model.safetensors that `path` (a run directory, a checkpoint folder or the file itself) stands for."""
+    from vla_scale import checkpoint
+
+    if os.path.isfile(path):
+        return path
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        tag = checkpoint.latest_tag(path)
+        if tag is None:
+            raise FileNotFoundError(f"{path} has no checkpoint (no checkpoints/latest)")
+        path = os.path.join(checkpoint.checkpoint_root(path), tag)
+    weights = os.path.join(path, "model.safetensors")
+    if not os.path.isfile(weights):
+        raise FileNotFoundError(f"no model.safetensors in {path}; pass a run directory, a checkpoints/step_<k> "
+                                "folder or a model.safetensors file")
+    return weights
+
+
+def success_table(suite: str, instructions: list[str], results: dict[int, list[bool]]) -> list[list[str]]:
+    """Rows [task, instruction, episodes, successes, success rate], then the total."""
+    rows = [[str(t), instructions[t], str(len(r)), str(sum(r)), f"{sum(r) / len(r):.3f}"] for t, r in results.items()]
+    every = [s for r in results.values() for s in r]
+    rows.append(["total", suite, str(len(every)), str(sum(every)), f"{sum(every) / max(len(every), 1):.3f}"])
+    return rows
+
+
+def write_tables(run_dir: str, suite: str, rows: list[list[str]]) -> tuple[str, str]:
+    header = ["task", "instruction", "episodes", "successes", "success_rate"]
+    csv_path, md_path = os.path.join(run_dir, f"eval_{suite}.csv"), os.path.join(run_dir, f"eval_{suite}.md")
+    with open(csv_path, "w", newline="") as f:
+        csv.writer(f).writerows([header, *rows])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(f"**{c}**" if row[0] == "total" else c for c in row) + " |" for row in rows]
+    with open(md_path, "w") as f:
+        f.write(f"# {suite}\n\n" + "\n".join(lines) + "\n")
+    return csv_path, md_path
+
+
+def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file
+
+    from vla_scale.envs.registry import env_kwargs, suite_instructions
+    from vla_scale.envs.types import TaskSpec
+    from vla_scale.logging import RunLogger, progress
+    from vla_scale.models import Processor, WordTokenizer, build_policy
+    from vla_scale.parallel.fleet import SimFleet, start_ray
+    from vla_scale.rollout.engine import RolloutEngine
+    from vla_scale.rollout.env_loop import EnvLoop
+
+    e = cfg.env
+    instructions = suite_instructions(e.name, e.suite)
+    tokenizer = WordTokenizer.from_instructions(instructions)
+    torch.manual_seed(cfg.seed)
+    policy = build_policy(cfg.model, tokenizer)
+    source = "a freshly initialised policy (smoke run)"
+    if checkpoint_path:
+        weights = weights_file(checkpoint_path)
+        missing, unexpected = policy.load_state_dict(load_file(weights), strict=False)
+        missing = [name for name in missing if name in dict(policy.named_parameters())]  # buffers are not saved
+        if missing or unexpected:
+            raise ValueError(f"{weights} does not fit model={cfg.model.name}: missing {missing[:5]}, unexpected "
+                             f"{unexpected[:5]}; pass the model overrides the run trained with")
+        source = weights
+    elif cfg.model.checkpoint:
+        source = cfg.model.checkpoint
+    engine = RolloutEngine(policy, "cuda" if torch.cuda.is_available() else "cpu", seed=cfg.seed)
+    specs = [TaskSpec(e.suite, task, state) for task in range(e.num_tasks) for state in init_state_ids(e, "eval")]
+    log = RunLogger(run_dir)
+    print(f"evaluating {source} on {e.suite}: {len(specs)} episodes, run directory {run_dir}", flush=True)
+    start_ray(cfg.parallel.ray_address, cfg.parallel.ray_dashboard, cfg.parallel.ray_num_cpus)
+    stages = e.rollout.pipeline_stage_num
+    size = e.num_workers * e.sims_per_worker * stages
+    fleet = SimFleet(e.name, env_kwargs(e), size, e.num_workers, e.sims_per_worker, e.step_timeout_s, stages=stages,
+                     max_failures=e.max_failures)
+    loop = EnvLoop(fleet, engine, Processor(cfg.model, tokenizer), math.ceil(e.max_steps / cfg.model.chunk_len))
+    results: dict[int, list[bool]] = {task: [] for task in range(e.num_tasks)}
+    trajs = []
+    bar = progress(len(specs), 0, cfg.progress, f"eval {e.suite}")
+    t0 = time.perf_counter()
+    try:
+        for start in range(0, len(specs), size):
+            part = specs[start : start + size]
+            done = loop.run(part, [f"eval.{start + i}" for i in range(len(part))], cfg.algo.temperature, greedy=True)
+            for traj in done:
+                results[traj.task.task_id].append(traj.success)
+            trajs.extend(done)
+            bar.update(len(part))
+            bar.set_postfix(success=f"{np.mean([t.success for t in trajs]):.2f}")
+    finally:
+        bar.close()
+        fleet.close()
+    rows = success_table(e.suite, instructions, results)
+    csv_path, md_path = write_tables(run_dir, e.suite, rows)
+    rate = float(rows[-1][-1])
+    log.scalars({"eval/success_rate": rate, **{f"eval/task_{t}_success_rate": float(np.mean(r))
+                                               for t, r in results.items()}}, 0)
+    videos = log.episode_videos(trajs, e.eval_videos_per_task or 1, 0, os.path.join(run_dir, "videos"))
+    log.close()
+    width = max(len(row[1]) for row in rows)
+    print(f"\n{'task':>5}  {'instruction':<{width}}  episodes  success_rate")
+    for task, instruction, episodes, _, task_rate in rows:
+        print(f"{task:>5}  {instruction:<{width}}  {episodes:>8}  {task_rate:>12}")
+    print(f"\ntables: {csv_path} {md_path}\nvideos: {len(videos)} in {os.path.join(run_dir, 'videos')}"
+          f"\ntime:   {time.perf_counter() - t0:.1f}s")
+    print(f"eval: suite={e.suite} episodes={len(specs)} success_rate={rate:.3f}", flush=True)
+    return rate
+
+
+@hydra.main(config_path="../configs", config_name="config", version_base="1.3")
+def main(dict_cfg: DictConfig) -> float:
+    cfg = to_config(dict_cfg)
+    try:
+        validate(cfg)
+    except ConfigError as err:
+        sys.exit(f"error: {err}")
+    run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
+    os.makedirs(run_dir, exist_ok=True)
+    return evaluate(cfg, run_dir, CHECKPOINT)
+
+
+if __name__ == "__main__":
+    main()

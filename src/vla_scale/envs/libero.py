@@ -1,0 +1,303 @@
+"""LIBERO suites (libero_spatial, libero_object, libero_goal, libero_10, libero_90) behind the Env protocol.
+
+One `LiberoEnv` plays one episode at a time inside a simulator process. It builds LIBERO's `OffScreenRenderEnv` for
+the task of the TaskSpec it is reset to and keeps it while the task stays the same; a new task rebuilds it.
+
+Fidelity to the official OpenVLA-OFT LIBERO evaluation (`run_libero_eval.py`):
+- task i of a suite is LIBERO's benchmark task i (task order 0), its instruction the benchmark's `task.language`;
+- an episode starts from LIBERO's init state `init_state_id` (`set_init_state`), then `settle_steps` no-op actions
+  [0, 0, 0, 0, 0, 0, -1] run before the policy acts: objects are placed slightly above their resting poses and fall
+  for a few steps (OFT waits 10). Settle steps do not count against the step limit and their success is ignored;
+- step limits default to OFT's (`OFT_MAX_STEPS`); SimpleVLA-RL trained and evaluated with 512 (`SIMPLEVLA_MAX_STEPS`);
+- images are rotated by 180 degrees (`img[::-1, ::-1]`) as OFT does to match its training data; proprio is
+  [eef xyz, eef axis-angle, 2 gripper joints] (8-D);
+- success is LIBERO's own predicate (`done` of `env.step`, i.e. the BDDL goal holds).
+
+Differences that change no physics:
+- Fixtures (cabinets, stoves) are placed by LIBERO's sampler at every reset from numpy's global RNG; the init state
+  does not hold them. We reseed that RNG from (seed, task, init state) before each reset, so an episode's scene
+  depends only on its TaskSpec (in the official script it depends on how many resets came before).
+- Resets are soft (the sim is reset, not rebuilt from XML; the robot's gripper action state is cleared as a rebuild
+  would): the same observations as a hard reset, 0.3-1 s instead of 2-3 s. `hard_reset=True` rebuilds as LIBERO does.
+- Camera images are rendered only where the policy sees them (after reset and at the end of each chunk), not at
+  every env step; physics does not depend on rendering.
+
+Actions are LIBERO's: 7-D, [dx, dy, dz, droll, dpitch, dyaw] of the OSC_POSE controller in [-1, 1] and the gripper
+(-1 open, +1 close). A policy trained on OpenVLA-style data outputs the gripper in [0, 1] with 1 = open:
+`oft_gripper_to_libero` is the one place that converts it.
+
+Memory per simulator process at 128x128 (benchmarks/libero_sim.py): ~1.2 GiB, ~0.75 GiB with
+`texture_max_side=1024` (LIBERO's three 4096x4096 textures shrunk by a box filter). After building a scene,
+`release_compiler_memory` frees what MuJoCo keeps from compiling it (~0.7 GiB). While a scene builds the process
+peaks at ~1.9 GiB (~1.15 GiB with 1024-pixel textures).
+
+Nothing here imports torch: init states are read with a numpy-only unpickler (`load_init_states`).
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import functools
+import io
+import math
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vla_scale.envs import libero_install
+from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
+
+SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
+OFT_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
+"""OpenVLA-OFT's evaluation step limits (policy steps after settling), set from the longest training demo."""
+SIMPLEVLA_MAX_STEPS = 512
+"""The one step limit SimpleVLA-RL used for every suite."""
+SUITE_TASKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
+NUM_INIT_STATES = 50
+ACTION_DIM = 7
+PROPRIO_DIM = 8
+CAMERAS = {"agentview": "agentview", "wrist": "robot0_eye_in_hand"}
+"""Our camera name -> LIBERO's camera name."""
+NOOP_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
+
+
+# ---- tasks and init states, without importing libero (its benchmark module imports torch) ------------------------
+@functools.cache
+def task_names(suite: str) -> tuple[str, ...]:
+    """LIBERO's task names of `suite`, in benchmark order (task_order_index 0)."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown LIBERO suite {suite!r}; valid suites: {list(SUITES)}")
+    path = libero_install.benchmark_root() / "benchmark" / "libero_suite_task_map.py"
+    source = path.read_text()
+    task_map = ast.literal_eval(source[source.index("{") : source.rindex("}") + 1])
+    return tuple(task_map[suite])
+
+
+def task_language(name: str) -> str:
+    """The instruction LIBERO's benchmark derives from a task name (LIBERO-90 names start with a scene prefix)."""
+    if name[0].isupper():
+        start = name.find("SCENE") + (8 if "SCENE10" in name else 7)
+        name = name[start:]
+    return " ".join(name.split("_"))
+
+
+def instructions(suite: str) -> list[str]:
+    """Every task instruction of `suite`, indexed by task id."""
+    return [task_language(name) for name in task_names(suite)]
+
+
+def num_tasks(suite: str) -> int:
+    """Tasks of `suite` (known without the LIBERO install; the tests check it against the task map)."""
+    if suite not in SUITE_TASKS:
+        raise ValueError(f"unknown LIBERO suite {suite!r}; valid suites: {list(SUITES)}")
+    return SUITE_TASKS[suite]
+
+
+class _NumpyUnpickler(pickle.Unpickler):
+    """Unpickles numpy arrays only (what LIBERO's `.pruned_init` files hold); anything else is refused."""
+
+    ALLOWED = {("numpy._core.multiarray", "_reconstruct"), ("numpy", "ndarray"), ("numpy", "dtype"),
+               ("_codecs", "encode")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module.startswith("numpy.core"):  # written by numpy 1.x
+            module = "numpy._core" + module[len("numpy.core") :]
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"init-state file refers to {module}.{name}; only numpy arrays are expected")
+        return super().find_class(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("init-state file holds torch tensors; only numpy arrays are expected")
+
+
+@functools.cache
+def load_init_states(suite: str, task_id: int) -> np.ndarray:
+    """LIBERO's init states of one task, float64[50, state_dim] (MuJoCo time, qpos, qvel), read without torch.
+
+    The files are `torch.save` zip archives whose pickle holds one numpy array; only numpy classes are unpickled.
+    """
+    names = task_names(suite)
+    if not 0 <= task_id < len(names):
+        raise ValueError(f"{suite} task_id must be in [0, {len(names)}), got {task_id}")
+    path = libero_install.benchmark_root() / "init_files" / suite / f"{names[task_id]}.pruned_init"
+    with zipfile.ZipFile(path) as archive:
+        member = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+        states = _NumpyUnpickler(io.BytesIO(archive.read(member))).load()
+    if not isinstance(states, np.ndarray) or states.ndim != 2:
+        raise ValueError(f"{path}: expected a 2-D array of init states, got {type(states).__name__}")
+    states.setflags(write=False)
+    return states
+
+
+# ---- conversions ----------------------------------------------------------------------------------------------------
+def quat_to_axis_angle(quat: np.ndarray) -> np.ndarray:
+    """Unit quaternion (x, y, z, w), robosuite's order -> axis-angle 3-vector (as OFT's LIBERO utils compute it)."""
+    w = float(np.clip(quat[3], -1.0, 1.0))
+    den = math.sqrt(1.0 - w * w)
+    if math.isclose(den, 0.0):
+        return np.zeros(3)
+    return np.asarray(quat[:3], dtype=np.float64) * 2.0 * math.acos(w) / den
+
+
+def oft_gripper_to_libero(actions: np.ndarray, invert: bool = True) -> np.ndarray:
+    """OpenVLA-OFT's gripper post-processing, between the policy's un-normalised actions and `LiberoEnv.step`.
+
+    The last dimension of an OpenVLA/OFT action is the gripper in [0, 1] (1 = open, as in the training data).
+    LIBERO wants -1 = open, +1 = close. As OFT's `run_libero_eval.py` does: map [0, 1] -> [-1, 1] (2x - 1),
+    binarise with the sign, then (for OpenVLA-family checkpoints, `invert=True`) flip the sign. Works on one action
+    [A] or a chunk [..., A]; returns a new float64 array.
+    """
+    out = np.array(actions, dtype=np.float64)
+    gripper = np.sign(2.0 * out[..., -1] - 1.0)
+    out[..., -1] = -gripper if invert else gripper
+    return out
+
+
+def release_compiler_memory() -> None:
+    """Free what MuJoCo keeps after compiling a scene and never uses again: the last XML model it loaded (kept for
+    `mj_saveLastXML`: the whole spec with decoded textures and meshes, ~0.4 GB for a LIBERO scene; the Python
+    bindings do not expose `mj_freeLastXML`, so it is called through ctypes) and its asset cache (~0.3 GB, which
+    only speeds up compiling the next scene). Then hands freed heap pages back to the OS."""
+    import mujoco
+
+    for library in sorted(Path(mujoco.__file__).parent.glob("libmujoco.so*"))[:1]:  # the one mujoco loaded
+        ctypes.CDLL(str(library)).mj_freeLastXML()
+    mujoco.mj_clearCache(mujoco.mj_getCache())
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+# ---- the env --------------------------------------------------------------------------------------------------------
+class LiberoEnv:
+    """One LIBERO simulator; see the module docstring for what it does and why.
+
+    camera_resolution: side of both cameras in pixels. settle_steps: no-op steps after each reset. max_steps: policy
+    steps per episode (None: the suite's `OFT_MAX_STEPS`). seed: with (task, init state), seeds the fixture layout.
+    assets_path: LIBERO scene assets ('' or None: the installed assets). hard_reset: rebuild the sim at every reset.
+    texture_max_side: > 0 renders from a copy of the assets whose textures are at most this many pixels a side
+    (`libero_install.downscaled_assets`: less memory, images within a few intensity levels of the official ones).
+    """
+
+    NUM_TASKS = 90  # the largest suite (libero_90); `num_tasks(suite)` gives each suite's count
+    NUM_INIT_STATES = NUM_INIT_STATES
+    ACTION_DIM = ACTION_DIM
+    PROPRIO_DIM = PROPRIO_DIM
+
+    def __init__(self, camera_resolution: int = 128, settle_steps: int = 10, max_steps: int | None = None,
+                 seed: int = 0, assets_path: str | None = None, hard_reset: bool = False,
+                 texture_max_side: int = 0) -> None:
+        if camera_resolution < 1 or settle_steps < 0 or (max_steps is not None and max_steps < 1):
+            raise ValueError(f"need camera_resolution >= 1, settle_steps >= 0, max_steps >= 1 or None; got "
+                             f"{camera_resolution}, {settle_steps}, {max_steps}")
+        self.camera_resolution = camera_resolution
+        self.settle_steps = settle_steps
+        self.max_steps = max_steps
+        self.seed = seed
+        self.hard_reset = hard_reset
+        self.assets = libero_install.resolve_assets(assets_path)
+        if texture_max_side > 0:
+            self.assets = libero_install.downscaled_assets(self.assets, texture_max_side)
+        self._env: Any = None
+        self._convention = 1
+        self._built: tuple[str, int] | None = None
+        self._task: TaskSpec | None = None
+        self._limit = 0
+        self._steps = 0
+        self._done = True
+
+    def _build(self, suite: str, task_id: int) -> None:
+        """(Re)build LIBERO's env for a task; imports libero on first use (after writing its config)."""
+        self.close()
+        libero_install.ensure_config()
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        import logging
+
+        logging.getLogger("robosuite_logs").setLevel(logging.ERROR)  # "no private macro file" warnings
+        import libero.libero as libero_pkg
+
+        libero_pkg._assets_path_cache = str(self.assets)  # LIBERO reads every asset path through this cache
+        from libero.libero.envs import OffScreenRenderEnv
+
+        bddl = libero_install.benchmark_root() / "bddl_files" / suite / f"{task_names(suite)[task_id]}.bddl"
+        res = self.camera_resolution
+        self._env = OffScreenRenderEnv(bddl_file_name=str(bddl), camera_heights=res, camera_widths=res,
+                                       hard_reset=self.hard_reset, ignore_done=True)
+        for camera in CAMERAS.values():  # rendered on demand in _render(), not at every env step
+            self._env.env.modify_observable(f"{camera}_image", "enabled", False)
+        import robosuite.macros
+        from robosuite.utils.mjcf_utils import IMAGE_CONVENTION_MAPPING
+
+        self._convention = IMAGE_CONVENTION_MAPPING[robosuite.macros.IMAGE_CONVENTION]
+        self._built = (suite, task_id)
+        release_compiler_memory()
+
+    def reset(self, task: TaskSpec) -> Observation:
+        if task.suite not in SUITES:
+            raise ValueError(f"LiberoEnv plays suites {list(SUITES)}, got {task.suite!r}")
+        states = load_init_states(task.suite, task.task_id)
+        if not 0 <= task.init_state_id < len(states):
+            raise ValueError(f"init_state_id must be in [0, {len(states)}), got {task.init_state_id}")
+        if self._built != (task.suite, task.task_id):
+            self._build(task.suite, task.task_id)
+        env = self._env
+        np.random.seed(np.random.SeedSequence([self.seed, task.task_id, task.init_state_id]).generate_state(1)[0])
+        env.reset()
+        if self.hard_reset:  # the scene was compiled again
+            release_compiler_memory()
+        gripper = env.env.robots[0].gripper
+        gripper.current_action = np.zeros(gripper.dof)  # a soft reset keeps it; a rebuilt gripper starts at zeros
+        obs = env.set_init_state(states[task.init_state_id])
+        for _ in range(self.settle_steps):
+            obs, _, _, _ = env.step(list(NOOP_ACTION))
+        self._task = task
+        self._limit = self.max_steps or OFT_MAX_STEPS[task.suite]
+        self._steps = 0
+        self._done = False
+        return self._observe(obs)
+
+    def step(self, chunk: np.ndarray) -> ChunkStep:
+        """Run the chunk's actions one by one; stop at success or at the step limit."""
+        if self._task is None or self._done:
+            raise RuntimeError("step() called before reset() or after the episode ended")
+        chunk = np.asarray(chunk, dtype=np.float64)
+        if chunk.ndim != 2 or chunk.shape[1] != ACTION_DIM or len(chunk) == 0:
+            raise ValueError(f"chunk must have shape [T >= 1, {ACTION_DIM}], got {chunk.shape}")
+        success, taken, obs = False, 0, {}
+        for action in chunk:
+            obs, _, done, _ = self._env.step(action.tolist())
+            self._steps += 1
+            taken += 1
+            success = bool(done)
+            if success or self._steps >= self._limit:
+                self._done = True
+                break
+        info = {"episode_steps": self._steps, "step_limit": self._limit}
+        return ChunkStep(self._observe(obs), float(success), self._done, success, taken, info)
+
+    def _observe(self, obs: dict[str, np.ndarray]) -> Observation:
+        assert self._task is not None
+        proprio = np.concatenate([obs["robot0_eef_pos"], quat_to_axis_angle(obs["robot0_eef_quat"]),
+                                  obs["robot0_gripper_qpos"]]).astype(np.float32)
+        images = {name: self._render(camera) for name, camera in CAMERAS.items()}
+        instruction = task_language(task_names(self._task.suite)[self._task.task_id])
+        return Observation(images=images, proprio=proprio, instruction=instruction)
+
+    def _render(self, camera: str) -> np.ndarray:
+        """One camera image as the policy sees it: robosuite's camera image rotated by 180 degrees, as OFT does."""
+        res = self.camera_resolution
+        raw = self._env.env.sim.render(width=res, height=res, camera_name=camera)
+        image = raw[:: self._convention]  # what robosuite's camera observable returns
+        return np.ascontiguousarray(image[::-1, ::-1])
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+            self._built = None

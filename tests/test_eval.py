@@ -1,0 +1,92 @@
+"""launch/eval.py end to end on the embedded reach task: success table (stdout, CSV, markdown), videos, TensorBoard,
+the promised last line; and loading weights that launch/train.py's checkpoint layout holds."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vla_scale.logging import read_scalars
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.vision_dim=32",
+         "model.num_heads=2", "env.num_workers=1", "env.sims_per_worker=2", "env.num_eval_init_states=2",
+         "progress=false"]
+
+
+def run_eval(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "eval.py"), *SMALL, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def eval_module():
+    spec = importlib.util.spec_from_file_location("eval_script", ROOT / "launch" / "eval.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    argv = sys.argv
+    try:
+        sys.argv = ["eval.py"]
+        spec.loader.exec_module(module)
+    finally:
+        sys.argv = argv
+    return module
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_tables_videos_and_the_last_line(tmp_path: Path) -> None:
+    proc = run_eval(f"run_dir={tmp_path}")
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("eval: suite=reach episodes=6 success_rate="), last
+    rate = float(last.rsplit("=", 1)[1])
+    assert "freshly initialised policy" in proc.stdout
+    with open(tmp_path / "eval_reach.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["task", "instruction", "episodes", "successes", "success_rate"]
+    assert [r[0] for r in rows[1:]] == ["0", "1", "2", "total"] and rows[1][1] == "reach the red block"
+    assert float(rows[-1][-1]) == pytest.approx(rate, abs=1e-3) and rows[-1][2] == "6"
+    assert "| **total** | **reach** | **6** |" in (tmp_path / "eval_reach.md").read_text()
+    assert len(list((tmp_path / "videos").glob("task_*_init_40_*.mp4"))) == 3
+    assert read_scalars(str(tmp_path / "tb"))["eval/success_rate"][0][1] == pytest.approx(rate, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_evaluates_the_latest_checkpoint_of_a_run(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from vla_scale import checkpoint
+    from vla_scale.envs.reach import instructions
+    from vla_scale.models import WordTokenizer, build_policy
+
+    cfg = eval_module().to_config
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        model = cfg(compose(config_name="config", overrides=SMALL[:5])).model
+    torch.manual_seed(123)
+    policy = build_policy(model, WordTokenizer.from_instructions(instructions()))
+    folder = tmp_path / "train_run" / "checkpoints" / "step_3"
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(folder / "model.safetensors"))
+    checkpoint.mark_latest(str(tmp_path / "train_run"), "step_3")
+    proc = run_eval(f"checkpoint={tmp_path / 'train_run'}", f"run_dir={tmp_path / 'eval'}", "env.num_tasks=1",
+                    "env.num_eval_init_states=2")
+    assert f"evaluating {folder / 'model.safetensors'} on reach" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("eval: suite=reach episodes=2 success_rate=")
+
+
+def test_weights_file_explains_what_it_needs(tmp_path: Path) -> None:
+    weights_file = eval_module().weights_file
+    with pytest.raises(FileNotFoundError, match="run directory, a checkpoints/step_<k>"):
+        weights_file(str(tmp_path))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert weights_file(str(tmp_path)) == str(tmp_path / "model.safetensors")
