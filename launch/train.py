@@ -1,6 +1,8 @@
 """Hydra entry of the trainer: `python launch/train.py [overrides]`, `deepspeed launch/train.py`, `torchrun`.
 
 The deepspeed launcher appends `--local_rank=N`; Hydra would reject it, so it is moved into LOCAL_RANK first.
+Under a launcher (WORLD_SIZE > 1) the process group is created before Hydra runs, and rank 0's run directory is
+handed to every rank, so all ranks share one directory instead of one timestamp each.
 """
 
 from __future__ import annotations
@@ -25,7 +27,27 @@ def _strip_local_rank(argv: list[str]) -> list[str]:
     return kept
 
 
-sys.argv = _strip_local_rank(sys.argv)
+def _shared_run_dir(argv: list[str]) -> list[str]:
+    """`run_dir=X` is also Hydra's directory; under a launcher every rank gets rank 0's timestamped directory."""
+    named = [a.split("=", 1)[1] for a in argv if a.startswith("run_dir=")]
+    if named and not any(a.startswith("hydra.run.dir=") for a in argv):
+        return argv + [f"hydra.run.dir={named[-1]}"]
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or any(a.startswith(("hydra.run.dir=", "-m", "--multirun"))
+                                                          for a in argv):
+        return argv
+    import time
+
+    import torch.distributed as dist
+
+    from vla_scale.parallel.actor import init_distributed
+
+    init_distributed()
+    choice = [time.strftime("runs/%Y-%m-%d_%H-%M-%S")]
+    dist.broadcast_object_list(choice, src=0)
+    return argv + [f"hydra.run.dir={choice[0]}"]
+
+
+sys.argv = _shared_run_dir(_strip_local_rank(sys.argv))
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 

@@ -86,3 +86,19 @@ def test_bad_config_fails_before_any_compute(tmp_path):
     assert proc.returncode != 0
     assert "algo.batch_size*algo.group_size" in proc.stderr
     assert not (tmp_path / "tb").exists()
+
+
+@pytest.mark.slow
+def test_two_ranks_under_the_deepspeed_launcher_share_one_run(tmp_path):
+    deepspeed = Path(sys.executable).with_name("deepspeed")
+    cmd = [str(deepspeed), "--num_gpus", "2", str(ROOT / "launch" / "train.py"), *TINY, "algo.batch_size=4",
+           "steps=2", "eval_every=1", "save_every=1", "deepspeed=zero3"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1, runs  # one directory for both ranks
+    assert proc.stdout.count("tensorboard:") == 1  # only rank 0 prints
+    step = runs[0] / "checkpoints" / "step_2"
+    assert (step / "trainer_state_rank0.json").exists() and (step / "trainer_state_rank1.json").exists()
+    scalars = read_scalars(str(runs[0] / "tb"))
+    assert [s for s, _ in scalars["sync/version"]] == [1, 2]

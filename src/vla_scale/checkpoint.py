@@ -1,12 +1,15 @@
 """Trainer checkpoints: the DeepSpeed engine (weights + optimizer), consolidated safetensors weights, RNG states.
 
-Layout: `<run_dir>/checkpoints/step_<k>/` holds DeepSpeed's files plus `model.safetensors`; `<run_dir>/checkpoints/
-latest` names the newest complete step. The trainer state (step, policy version, sampler and RNG states) travels as
-DeepSpeed's client state.
+Layout: `<run_dir>/checkpoints/step_<k>/` holds DeepSpeed's files, `model.safetensors`, and one
+`trainer_state_rank<r>.json` per rank (step, policy version, sampler, rollout and RNG states, the next step's task
+specs), written as plain JSON: a checkpoint is data, never code. `<run_dir>/checkpoints/latest` names the newest
+complete step.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import random
 from typing import Any
@@ -15,17 +18,65 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from vla_scale.envs.types import TaskSpec
 from vla_scale.parallel.weight_sync import gathered_buckets
 
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The global RNG states (python, numpy, torch) as JSON-ready values."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, keys.tolist(), pos, has_gauss, cached],
+        "torch": torch.get_rng_state().tolist(),
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+
+
+def write_trainer_state(directory: str, rank: int, state: dict[str, Any]) -> None:
+    """One JSON file per rank; tensors become lists, task specs dicts."""
+    def encode(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return {"__tensor_uint8__": value.tolist()}
+        if isinstance(value, TaskSpec):
+            return {"__task__": dataclasses.asdict(value)}
+        if isinstance(value, dict):
+            return {k: encode(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [encode(v) for v in value]
+        return value
+
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f"trainer_state_rank{rank}.json"), "w") as f:
+        json.dump(encode(state), f)
+
+
+def read_trainer_state(directory: str, rank: int) -> dict[str, Any]:
+    path = os.path.join(directory, f"trainer_state_rank{rank}.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} is missing: resume with the same number of ranks that saved the checkpoint")
+
+    def decode(value: Any) -> Any:
+        if isinstance(value, dict):
+            if "__tensor_uint8__" in value:
+                return torch.tensor(value["__tensor_uint8__"], dtype=torch.uint8)
+            if "__task__" in value:
+                return TaskSpec(**value["__task__"])
+            return {k: decode(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [decode(v) for v in value]
+        return value
+
+    with open(path) as f:
+        return decode(json.load(f))
 
 
 def checkpoint_root(run_dir: str) -> str:

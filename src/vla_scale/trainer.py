@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from vla_scale import checkpoint
 from vla_scale.algo import group_advantages, group_success_filter
 from vla_scale.config import Config, as_yaml, validate
-from vla_scale.envs.registry import suite_instructions
+from vla_scale.envs.registry import env_kwargs, suite_instructions
 from vla_scale.envs.types import TaskSpec
 from vla_scale.logging import RunLogger, progress
 from vla_scale.models import Processor, WordTokenizer, build_policy
@@ -59,11 +60,22 @@ class Trainer:
         self.engine = RolloutEngine(build_policy(cfg.model, self.tokenizer), device, seed=cfg.seed * 1000 + self.rank)
         self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
         self.step, self.version = 0, 0
-        start_ray(cfg.parallel.ray_address, cfg.parallel.ray_dashboard, cfg.parallel.ray_num_cpus)
+        self.groups = cfg.algo.batch_size // self.world  # groups this rank rolls out per step
+        self._start_ray()
         self.fleet = self._start_fleet()
         self.loop = EnvLoop(self.fleet, self.engine, self.processor, self.max_chunks)
         self.next_specs: list[TaskSpec] | None = None
         self.events: list[tuple[str, float]] = []  # (what, when): shows the reset/update overlap
+
+    def _start_ray(self) -> None:
+        """Rank 0 starts (or joins) Ray; the other ranks join the same instance once it is up."""
+        p = self.cfg.parallel
+        if self.rank == 0:
+            start_ray(p.ray_address, p.ray_dashboard, p.ray_num_cpus)
+        if self.world > 1:
+            dist.barrier()
+            if self.rank > 0:
+                start_ray(p.ray_address or "auto")
 
     def _start_fleet(self) -> SimFleet:
         cfg = self.cfg
@@ -74,10 +86,9 @@ class Trainer:
                 f"the Ray cluster has {sim_node_count()}: start them with `ray start --address=<head>:6379 "
                 "--resources='{\"sim\": 1}'` or lower env.disagg_sim.nnodes"
             )
-        env_kwargs = {"camera_resolution": cfg.env.camera_resolution, "max_steps": cfg.env.max_steps,
-                      "max_delta": cfg.env.max_delta}
-        return SimFleet(cfg.env.name, env_kwargs, cfg.algo.batch_size * cfg.algo.group_size, cfg.env.num_workers,
-                        cfg.env.sims_per_worker, cfg.env.step_timeout_s, stages=cfg.env.rollout.pipeline_stage_num,
+        return SimFleet(cfg.env.name, env_kwargs(cfg.env), self.groups * cfg.algo.group_size,
+                        cfg.env.num_workers, cfg.env.sims_per_worker, cfg.env.step_timeout_s,
+                        stages=cfg.env.rollout.pipeline_stage_num,
                         max_failures=cfg.env.max_failures, sim_resource=disagg.enable)
 
     # ---- the loop -------------------------------------------------------------------------------------------------
@@ -98,7 +109,7 @@ class Trainer:
             t1 = time.perf_counter()
             following = self.step + 1
             if following < cfg.steps and following % cfg.eval_every:  # the next step starts with a rollout
-                self.next_specs = self.sampler.draw(cfg.algo.batch_size)
+                self.next_specs = self.sampler.draw(self.groups)
                 self.loop.prefetch(self._episodes(self.next_specs))  # simulators reset while the actor trains
                 self.events.append(("reset_sent", time.perf_counter()))
             stats = self.update(batch)
@@ -133,25 +144,32 @@ class Trainer:
 
     # ---- rollout ----------------------------------------------------------------------------------------------------
     def collect(self) -> StepBatch:
-        """Roll out groups until `batch_size` carry signal, or the extra rounds run out (dynamic sampling)."""
-        a = self.cfg.algo
+        """Roll out groups until this rank's share carries signal, or the extra rounds run out (dynamic sampling)."""
+        a, n = self.cfg.algo, self.groups
         kept: list[list[Trajectory]] = []
         rates: list[float] = []
         rounds = 0
-        while len(kept) < a.batch_size and rounds <= a.max_resample_rounds:
-            specs = self.next_specs if rounds == 0 and self.next_specs else self.sampler.draw(a.batch_size)
+        while len(kept) < n and rounds <= a.max_resample_rounds:
+            specs = self.next_specs if rounds == 0 and self.next_specs else self.sampler.draw(n)
             self.next_specs = None
-            uids = [f"{self.step}.{rounds}.{g}" for g in range(a.batch_size) for _ in range(a.group_size)]
+            uids = [f"{self.rank}.{self.step}.{rounds}.{g}" for g in range(n) for _ in range(a.group_size)]
             trajs = self.loop.run(self._episodes(specs), uids, a.temperature)
             rewards = torch.tensor([t.reward for t in trajs])
             keep = group_success_filter(rewards, uids, a.filter_low, a.filter_high)
             rates.append(rewards.mean().item())
-            for g in range(a.batch_size):
+            for g in range(n):
                 members = slice(g * a.group_size, (g + 1) * a.group_size)
                 if keep[members].all():
                     kept.append(trajs[members])
             rounds += 1
-        return StepBatch(kept[: a.batch_size], rates[0], rounds, rounds * a.batch_size * a.group_size)
+        return StepBatch(kept[:n], self._mean_over_ranks(rates[0]), rounds, rounds * n * a.group_size)
+
+    def _mean_over_ranks(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.item() / self.world
 
     def _episodes(self, specs: list[TaskSpec]) -> list[TaskSpec]:
         return [spec for spec in specs for _ in range(self.cfg.algo.group_size)]
@@ -160,7 +178,8 @@ class Trainer:
     def update(self, batch: StepBatch) -> dict[str, float]:
         """GRPO advantages per group, then `mini_batches` optimizer steps over the shuffled chunk samples."""
         a = self.cfg.algo
-        if not batch.groups:
+        # every rank must run the same number of forward/backward passes (ZeRO-3 gathers are collectives)
+        if self._mean_over_ranks(float(bool(batch.groups))) < 1.0:
             return {"skipped_update": 1.0}
         trajs = [t for group in batch.groups for t in group]
         adv = group_advantages(torch.tensor([t.reward for t in trajs]), [t.uid for t in trajs])
@@ -190,14 +209,22 @@ class Trainer:
 
     # ---- evaluation -------------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        specs = self.sampler.eval_specs()
-        uids = [f"eval.{i}" for i in range(len(specs))]
+        specs = self.sampler.eval_specs()[self.rank :: self.world]  # each rank plays its share
+        uids = [f"eval.{self.rank}.{i}" for i in range(len(specs))]
         trajs = self.loop.run(specs, uids, self.cfg.algo.temperature, greedy=True)
-        metrics = {"eval/success_rate": float(np.mean([t.success for t in trajs]))}
+        if self.world > 1:
+            parts: list = [None] * self.world
+            dist.all_gather_object(parts, [(t.task, t.success) for t in trajs])
+            outcomes = [item for part in parts for item in part]
+        else:
+            outcomes = [(t.task, t.success) for t in trajs]
+        metrics = {"eval/success_rate": float(np.mean([ok for _, ok in outcomes]))}
         for task in range(self.cfg.env.num_tasks):
-            mine = [t.success for t in trajs if t.task.task_id == task]
+            mine = [ok for spec, ok in outcomes if spec.task_id == task]
             metrics[f"eval/task_{task}_success_rate"] = float(np.mean(mine))
         self.log.scalars(metrics, self.step)
+        videos = os.path.join(self.run_dir, "videos", f"step_{self.step}")
+        self.log.episode_videos(trajs, self.cfg.env.eval_videos_per_task, self.step, videos)
         return metrics
 
     # ---- checkpoints ------------------------------------------------------------------------------------------------
@@ -207,7 +234,8 @@ class Trainer:
         state = {"step": self.step, "version": self.version, "sampler": self.sampler.state_dict(),
                  "engine_rng": self.engine.generator.get_state(), "rng": checkpoint.rng_state(),
                  "next_specs": self.next_specs}
-        self.actor.save(root, tag, state)
+        self.actor.save(root, tag, {"step": self.step})
+        checkpoint.write_trainer_state(os.path.join(root, tag), self.rank, state)
         path = os.path.join(root, tag, "model.safetensors")
         checkpoint.save_weights(self.actor.policy, path, self.cfg.deepspeed.sync_bucket_mb, self.rank == 0)
         if self.rank == 0:
@@ -219,7 +247,8 @@ class Trainer:
             raise FileNotFoundError(
                 f"resume=true but {checkpoint.checkpoint_root(self.run_dir)} has no checkpoint: "
                 "point run_dir at a run that saved one, or drop resume=true")
-        state = self.actor.load(checkpoint.checkpoint_root(self.run_dir), tag)
+        self.actor.load(checkpoint.checkpoint_root(self.run_dir), tag)
+        state = checkpoint.read_trainer_state(os.path.join(checkpoint.checkpoint_root(self.run_dir), tag), self.rank)
         self.step, self.version = state["step"], state["version"]
         self.sampler.load_state_dict(state["sampler"])
         self.engine.generator.set_state(state["engine_rng"])
