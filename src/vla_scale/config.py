@@ -102,9 +102,21 @@ class EnvConfig:
     camera_resolution: int = 64
     """Rendered camera side in pixels."""
     max_steps: int = 40
-    """Env steps per episode before it ends unsuccessfully."""
+    """Env steps per episode before it ends unsuccessfully (LIBERO: each configs/env/libero_*.yaml sets its suite's
+    OpenVLA-OFT limit; SimpleVLA-RL used 512)."""
     max_delta: float = 0.03
     """Reach task: end-effector displacement in metres per env step at |action| = 1."""
+    settle_steps: int = 10
+    """LIBERO: no-op steps after each reset while the objects come to rest (OFT waits 10); not counted in max_steps."""
+    libero_assets: str = ""
+    """LIBERO: scene assets folder ('' uses the assets installed by `make libero`)."""
+    libero_texture_max_side: int = 0
+    """LIBERO: render from a copy of the assets with textures of at most this many pixels a side (0: LIBERO's own, as
+    the official evaluation renders); 1024 takes ~0.5 GiB less per simulator, images within 2 intensity levels."""
+    train_on_eval_states: bool = False
+    """Train on the EVAL init states (SimpleVLA-RL's setting, for comparison); false keeps TRAIN and EVAL disjoint."""
+    eval_videos_per_task: int = 0
+    """Evaluation episodes per task saved as MP4 in the run directory and logged to TensorBoard (0: none)."""
     num_workers: int = 2
     """Ray sim workers (per trainer rank)."""
     sims_per_worker: int = 2
@@ -213,8 +225,23 @@ class Config:
     """Show progress bars."""
 
 
-SUITES: dict[str, tuple[str, ...]] = {"reach": ("reach",)}
+SUITES: dict[str, tuple[str, ...]] = {
+    "reach": ("reach",),
+    "libero": ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"),
+}
 """Env name -> the task suites it can play."""
+
+
+def init_state_ids(env: EnvConfig, split: str) -> list[int]:
+    """Init-state ids of a split: "train" is 0..n_train-1, "eval" the next n_eval (disjoint); with
+    env.train_on_eval_states, "train" is the "eval" ids (SimpleVLA-RL trains on the states it evaluates on)."""
+    first_eval = env.num_train_init_states
+    eval_ids = list(range(first_eval, first_eval + env.num_eval_init_states))
+    if split == "eval":
+        return eval_ids
+    if split == "train":
+        return eval_ids if env.train_on_eval_states else list(range(env.num_train_init_states))
+    raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
 
 
 def register_configs() -> None:
@@ -238,7 +265,7 @@ def _divisors(n: int, limit: int = 64) -> list[int]:
 
 def validate(cfg: Config, world_size: int = 1) -> Config:
     """Check the arithmetic and the names; raise one ConfigError listing every problem and its fix."""
-    from vla_scale.envs.registry import ENVS
+    from vla_scale.envs.registry import ENVS, suite_num_tasks
 
     problems: list[str] = []
     m, e, a = cfg.model, cfg.env, cfg.algo
@@ -252,6 +279,10 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
         problems.append(
             f"model.hidden_size={m.hidden_size} and model.vision_dim={m.vision_dim} must be multiples of "
             f"model.num_heads={m.num_heads}"
+        )
+    if a.batch_size % world_size:
+        problems.append(
+            f"algo.batch_size={a.batch_size} must divide over the {world_size} ranks (whole groups per rank)"
         )
     if a.group_size < 2:
         problems.append(f"algo.group_size={a.group_size} must be >= 2: GRPO normalises within a group")
@@ -278,15 +309,21 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
             f"{a.group_size}, the fewest episodes an update can get (one kept group); lower them"
         )
     env_cls = ENVS.get(e.name)
-    if env_cls is not None and e.num_tasks > env_cls.NUM_TASKS:
-        problems.append(f"env.num_tasks={e.num_tasks} but suite {e.suite!r} has {env_cls.NUM_TASKS} tasks; lower it")
+    suite_tasks = suite_num_tasks(e.name, e.suite) if e.suite in SUITES.get(e.name, ()) else None
+    if suite_tasks is not None and not 1 <= e.num_tasks <= suite_tasks:
+        problems.append(f"env.num_tasks={e.num_tasks} but suite {e.suite!r} has {suite_tasks} tasks; "
+                        f"use 1..{suite_tasks}")
     if env_cls is not None and e.num_train_init_states + e.num_eval_init_states > env_cls.NUM_INIT_STATES:
         problems.append(
             f"env.num_train_init_states + env.num_eval_init_states = {e.num_train_init_states} + "
             f"{e.num_eval_init_states} exceeds the {env_cls.NUM_INIT_STATES} init states per task; lower them"
         )
-    if e.num_train_init_states < 1 or e.num_eval_init_states < 1:
-        problems.append("env.num_train_init_states and env.num_eval_init_states must both be >= 1")
+    if e.num_eval_init_states < 1 or e.num_train_init_states < (0 if e.train_on_eval_states else 1):
+        problems.append("env.num_train_init_states and env.num_eval_init_states must both be >= 1 (the TRAIN split "
+                        "may be 0 with env.train_on_eval_states=true)")
+    if e.settle_steps < 0 or e.libero_texture_max_side < 0:
+        problems.append(f"env.settle_steps={e.settle_steps} and env.libero_texture_max_side="
+                        f"{e.libero_texture_max_side} must be >= 0")
     if cfg.eval_every < 1 or cfg.steps < 1:
         problems.append(f"steps={cfg.steps} and eval_every={cfg.eval_every} must be >= 1")
     if cfg.deepspeed.zero_stage not in (0, 1, 2, 3):
