@@ -42,9 +42,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--sims", type=int, default=2, help="simulator processes (one Ray sim worker)")
     p.add_argument("--max-steps", type=int, default=48, help="env steps per episode")
     p.add_argument("--chunk", type=int, default=8, help="actions per chunk")
-    p.add_argument("--resolution", type=int, default=64, help="camera side in pixels")
-    p.add_argument("--hidden", type=int, default=192, help="Llama width of the policy")
-    p.add_argument("--layers", type=int, default=4, help="Llama layers of the policy")
+    p.add_argument("--resolution", type=int, default=128, help="camera side in pixels")
+    p.add_argument("--hidden", type=int, default=96, help="Llama width of the policy")
+    p.add_argument("--layers", type=int, default=2, help="Llama layers of the policy")
     p.add_argument("--repeats", type=int, default=2, help="timed rollouts per S (the best is kept)")
     return p.parse_args()
 

@@ -5,7 +5,7 @@ state is inherited. It sets MUJOCO_GL=egl when unset, before anything imports mu
 mujoco nor torch.
 
 Protocol (parent -> child): ("reset", tasks, active) | ("step", chunks, active) | ("close",); slots whose `active`
-flag is off are left alone and answer None. Child -> parent: ("ok", payload, cpu_seconds) | ("error", traceback
+flag is off are left alone and answer None. Child -> parent: ("ok", SlotBatch, cpu_seconds) | ("error", traceback
 text, cpu_seconds). Requests are answered exactly once, in the order they were sent, so several may be in flight
 (one per pipeline stage); `cpu_seconds` is the child's CPU time spent on the request (simulator busy time).
 
@@ -32,7 +32,8 @@ from typing import Any, Self
 
 import numpy as np
 
-from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
+from vla_scale.envs.shared_images import ImageReader, ImageWriter
+from vla_scale.envs.types import ChunkStep, Observation, SlotBatch, TaskSpec
 
 
 class SimulatorError(RuntimeError):
@@ -44,6 +45,7 @@ def _child_main(conn: Connection, env_name: str, env_kwargs: dict[str, Any], num
     os.environ.setdefault("MUJOCO_GL", "egl")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which closes its children
     envs: list[Any] = []
+    images = ImageWriter(num_slots)
     boot_error = None
     try:
         from vla_scale.envs.registry import make_env
@@ -64,7 +66,7 @@ def _child_main(conn: Connection, env_name: str, env_kwargs: dict[str, Any], num
                 continue
             start = time.process_time()
             try:
-                payload = _serve(envs, message)
+                payload = images.put(SlotBatch.pack(message[0], _serve(envs, message)))
             except Exception:  # noqa: BLE001 - any env failure is sent back and re-raised in the parent
                 conn.send(("error", traceback.format_exc(), time.process_time() - start))
                 continue
@@ -72,6 +74,7 @@ def _child_main(conn: Connection, env_name: str, env_kwargs: dict[str, Any], num
     finally:
         for env in envs:
             env.close()
+        images.close()
         conn.close()
 
 
@@ -111,6 +114,7 @@ class SimProcess:
         self._pid: int = self._process.pid
         self._pending: deque[str] = deque()
         self._booted = False
+        self._images = ImageReader()
         self.boot_timeout_s = boot_timeout_s
         self.busy_s = 0.0
         self.broken = False
@@ -165,7 +169,11 @@ class SimProcess:
         self._send("step", ("step", chunks, active))
 
     def recv(self, timeout_s: float) -> list[Observation | None] | list[ChunkStep | None]:
-        """The answer to the oldest pending request, waiting at most timeout_s seconds."""
+        """The answer to the oldest pending request, one record per slot."""
+        return self.recv_batch(timeout_s).unpack()
+
+    def recv_batch(self, timeout_s: float) -> SlotBatch:
+        """The answer to the oldest pending request, packed, waiting at most timeout_s seconds."""
         if not self._pending:
             raise RuntimeError(f"{self._describe(None)}: recv() without a pending request")
         call = self._pending[0]
@@ -185,7 +193,7 @@ class SimProcess:
         self.busy_s += busy_s
         if status == "error":
             raise SimulatorError(f"{self._describe(call)}: raised in the child:\n{payload}")
-        return payload
+        return self._images.take(payload)
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Ask the child to exit; terminate, then kill it if it does not within timeout_s (a broken one: kill)."""
@@ -204,6 +212,7 @@ class SimProcess:
         if self._process.is_alive():  # a broken child may be hung or stopped: SIGKILL at once
             self._process.kill()
             self._process.join()
+        self._images.close(unlink=self.broken)
         self._conn.close()
         self._process.close()
 

@@ -25,7 +25,7 @@ import numpy as np
 import ray
 
 from vla_scale.envs.sim_process import SimProcess, SimulatorError
-from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
+from vla_scale.envs.types import ChunkStep, Observation, SlotBatch, TaskSpec
 
 
 @dataclass
@@ -40,7 +40,10 @@ SlotResult = Observation | ChunkStep | Restarted | None
 
 @dataclass
 class WorkerReply:
-    results: list[SlotResult]
+    """A worker's answer to one request: packed slot results plus the slots whose episodes start again."""
+
+    batch: SlotBatch
+    restarted: dict[int, Observation]
     busy_s: float  # simulator CPU seconds spent on this request
     restarts: int
 
@@ -61,6 +64,7 @@ class SimWorker:
         self.orphaned = [0] * sims  # requests lost with a replaced process, still to be answered
         self.failures = [0] * sims
         self.requests: deque[np.ndarray] = deque()
+        self.kinds: deque[str] = deque()
 
     def _spawn(self) -> SimProcess:
         return SimProcess(self.env_name, self.slots, self.env_kwargs, boot_timeout_s=self.boot_timeout_s)
@@ -72,15 +76,16 @@ class SimWorker:
         for j in np.flatnonzero(mask):
             self.tasks[j], self.running[j] = tasks[j], True
             self.lost.pop(int(j), None)
-        self._send(mask, lambda proc, part: proc.send_reset(tasks[part], mask[part]))
+        self._send("reset", mask, lambda proc, part: proc.send_reset(tasks[part], mask[part]))
 
     def send_step(self, chunks: np.ndarray, mask: np.ndarray) -> None:
         live = mask.copy()
         live[list(self.lost)] = False  # lost slots are answered with Restarted, not stepped
-        self._send(mask, lambda proc, part: proc.send_step(chunks[part], live[part]))
+        self._send("step", mask, lambda proc, part: proc.send_step(chunks[part], live[part]))
 
-    def _send(self, mask: np.ndarray, send) -> None:
+    def _send(self, kind: str, mask: np.ndarray, send) -> None:
         self.requests.append(mask.copy())
+        self.kinds.append(kind)
         for k, proc in enumerate(self.procs):
             try:
                 send(proc, self._part(k))
@@ -90,30 +95,33 @@ class SimWorker:
     def recv(self) -> WorkerReply:
         """Answer the oldest request; replace any process that fails on the way."""
         mask = self.requests.popleft()
-        results: list[SlotResult] = [None] * len(self.tasks)
+        kind = self.kinds.popleft()
+        parts: list[SlotBatch] = []
         busy = 0.0
         restarts = 0
         for k, proc in enumerate(self.procs):
+            part = SlotBatch.pack(kind, [None] * self.slots)
             if self.orphaned[k]:
                 self.orphaned[k] -= 1
+                parts.append(part)
                 continue
             before = proc.busy_s
             try:
                 if proc.broken or not proc.pending:
                     raise SimulatorError(f"simulator pid={proc.pid} env={self.env_name!r}: process is broken")
-                results[self._part(k)] = proc.recv(self.timeout_s)
+                part = proc.recv_batch(self.timeout_s)
                 self.failures[k] = 0
                 busy += proc.busy_s - before
             except SimulatorError as err:
                 self.orphaned[k] = len(self.requests)  # every later request was lost with this process too
                 self._replace(k, err)
                 restarts += 1
-        for j in np.flatnonzero(mask):
-            if int(j) in self.lost:
-                results[j] = Restarted(self.lost.pop(int(j)))
-            elif isinstance(results[j], ChunkStep) and results[j].done:
-                self.running[j] = False
-        return WorkerReply(results, busy, restarts)
+            parts.append(part)
+        batch = SlotBatch.concat(kind, parts)
+        if kind == "step":
+            self.running[batch.index[batch.done]] = False
+        restarted = {int(j): self.lost.pop(int(j)) for j in np.flatnonzero(mask) if int(j) in self.lost}
+        return WorkerReply(batch, restarted, busy, restarts)
 
     def _replace(self, k: int, err: SimulatorError) -> None:
         """Start a fresh process for slots of process k and reset its running episodes to their initial states."""
@@ -224,10 +232,16 @@ class SimFleet:
 
     def recv(self) -> list[SlotResult]:
         replies: list[WorkerReply] = ray.get([worker.recv.remote() for worker in self.workers])
-        for reply in replies:
+        results: list[SlotResult] = []
+        for i, reply in enumerate(replies):
             self.stats.busy_s += reply.busy_s
             self.stats.restarts += reply.restarts
-        return [result for reply in replies for result in reply.results]
+            part: list[SlotResult] = list(reply.batch.unpack())
+            for slot, observation in reply.restarted.items():
+                part[slot] = Restarted(observation)
+            results.extend(part)
+            assert len(part) == self.per_worker, (i, len(part))
+        return results
 
     def pids(self) -> list[int]:
         return [pid for part in ray.get([w.pids.remote() for w in self.workers]) for pid in part]
