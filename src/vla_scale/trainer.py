@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,7 +58,9 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.actor = Actor(lambda zero3: build_policy(cfg.model, self.tokenizer, zero3), cfg.deepspeed, cfg.algo)
         device = self.actor.device
-        self.engine = RolloutEngine(build_policy(cfg.model, self.tokenizer), device, seed=cfg.seed * 1000 + self.rank)
+        engine_dtype = torch.bfloat16 if cfg.deepspeed.bf16 else None  # the engine holds what the actor holds
+        self.engine = RolloutEngine(build_policy(cfg.model, self.tokenizer), device, seed=cfg.seed * 1000 + self.rank,
+                                    dtype=engine_dtype)
         self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
         self.step, self.version = 0, 0
         self.groups = cfg.algo.batch_size // self.world  # groups this rank rolls out per step
@@ -65,7 +68,7 @@ class Trainer:
         self.fleet = self._start_fleet()
         self.loop = EnvLoop(self.fleet, self.engine, self.processor, self.max_chunks)
         self.next_specs: list[TaskSpec] | None = None
-        self.events: list[tuple[str, float]] = []  # (what, when): shows the reset/update overlap
+        self.events: deque[tuple[str, float]] = deque(maxlen=64)  # (what, when): the recent reset/update overlap
 
     def _start_ray(self) -> None:
         """Rank 0 starts (or joins) Ray; the other ranks join the same instance once it is up."""

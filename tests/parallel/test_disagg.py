@@ -35,7 +35,8 @@ def test_sim_workers_land_on_the_sim_node_and_a_run_completes(cluster, tiny_conf
         trainer.close()
     assert trainer.step == 3 and "eval/success_rate" in metrics
     # reset overlap: each prefetched reset was sent before that step's update finished
-    kinds = [kind for kind, _ in trainer.events]
+    events = list(trainer.events)
+    kinds = [kind for kind, _ in events]
     assert kinds[:2] == ["reset_sent", "update_done"]
-    assert trainer.events[0][1] < trainer.events[1][1]
+    assert events[0][1] < events[1][1]
     assert metrics["rollout/env_steps_per_s"] > 0 and 0 < metrics["rollout/decode_utilisation"] <= 1

@@ -18,6 +18,7 @@ chosen by the spec (`bidirectional` default, `causal` for parity with plain tran
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -183,6 +184,16 @@ class OFTPolicy(nn.Module):
         return ImageTransform.from_towers(self.spec.towers, self.spec.center_crop)
 
     # ---- forward ----------------------------------------------------------------------------------------------------
+    def prefix_embeddings(self, pixel_values: Tensor, proprio: Tensor | None, vision: Callable[[Tensor], Tensor]
+                          ) -> Tensor:
+        """Projected image patches, then the proprio token when there is one (`vision`: the towers to run)."""
+        dtype = self.projector.fc1.weight.dtype
+        prefix = self.projector(vision(pixel_values.to(dtype)))
+        if proprio is not None and self.proprio_projector is not None:
+            token = self.proprio_projector(proprio.reshape(prefix.shape[0], -1).to(dtype))
+            prefix = torch.cat([prefix, token.unsqueeze(1)], dim=1)
+        return prefix
+
     def action_logits(self, pixel_values: Tensor, input_ids: Tensor, attention_mask: Tensor,
                       proprio: Tensor | None = None, full_vocab: bool = False) -> Tensor:
         """Bin logits float32[B, chunk*action_dim, n_bins] from one forward pass (bins in vocabulary order).
@@ -192,10 +203,7 @@ class OFTPolicy(nn.Module):
         the logits over the whole vocabulary instead (what the official decode takes its argmax over).
         """
         dtype = self.projector.fc1.weight.dtype
-        prefix = self.projector(self.vision_backbone(pixel_values.to(dtype)))
-        if proprio is not None and self.proprio_projector is not None:
-            token = self.proprio_projector(proprio.reshape(prefix.shape[0], -1).to(dtype))
-            prefix = torch.cat([prefix, token.unsqueeze(1)], dim=1)
+        prefix = self.prefix_embeddings(pixel_values, proprio, self.vision_backbone)
         embeds, valid, rows = self._sequence(prefix, input_ids, attention_mask)
         out = self.language_model.model(inputs_embeds=embeds, attention_mask=self._attention_bias(valid, dtype),
                                         use_cache=False)

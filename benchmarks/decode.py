@@ -1,0 +1,396 @@
+"""Chunk decoding of the OpenVLA-OFT 7B shape in bf16 on one GPU: the engine's fast path against its floor.
+
+    python benchmarks/decode.py [--batches 8 32 64 128] [--agree-batch 32] [--json out.json]
+    python benchmarks/decode.py --model tiny --batches 2 4 --agree-batch 4   # CPU dry run of the script
+
+Random weights (oft_7b: DINOv2-L + SigLIP-So400m fused at 224 px, Llama-2-7B, 8 x 7 action slots, one proprio
+token). Every timing is a whole `RolloutEngine.decode` (host inputs -> tokens, log-probs, actions on the host), the
+median of several after warm-up. Printed:
+
+1. the bf16 matmul rate measured here (8192^3, random data) and at the model's own GEMM shapes;
+2. agreement of the fast bf16 path with the plain fp32 path on the same weights (greedy tokens, sampled tokens under
+   the same generator seed, log-probs of the sampled tokens, logits), next to the plain bf16 path's;
+3. per batch size: sequence length, matmul FLOPs of the fast path, the floor (FLOPs / measured rate), the fast
+   path's time, chunks/s and peak memory, and the plain (SDPA) path's time; the plain path with eager attention at
+   B=8 (transformers' eager attention, prompts padded to the longest of the batch, as HF-based stacks decode);
+4. where the fast path's time goes at B=64: stage times and GPU kernel time by kind (torch.profiler).
+
+Last line: `decode: b64_over_floor=<x.xx> chunks_per_s_vs_eager_b8=<y.yy>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from vla_scale.algo import logprobs_from_logits
+from vla_scale.config import ModelConfig
+from vla_scale.models import OFTPolicy, Processor, WordTokenizer, build_policy
+from vla_scale.models.processor import PolicyInputs
+from vla_scale.models.vision import ViT
+from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.rollout.fast_forward import trim_text
+
+TEXTS = ["pick up the black bowl and place it on the plate", "open the top drawer", "put the cream cheese in the bowl"]
+TEMPERATURE = 1.6
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def model_config(name: str) -> ModelConfig:
+    yaml = OmegaConf.load(Path(__file__).resolve().parents[1] / "configs" / "model" / f"{name}.yaml")
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), yaml))
+
+
+def make_inputs(processor: Processor, cfg: ModelConfig, batch: int, seed: int) -> PolicyInputs:
+    """Host inputs as the env loop hands them to the engine (random images and proprio)."""
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, (batch, cfg.image_size, cfg.image_size, 3), dtype=np.uint8)
+    proprio = rng.uniform(-1, 1, (batch, cfg.proprio_dim)).astype(np.float32)
+    return processor.from_arrays(images, [TEXTS[i % 3] for i in range(batch)], proprio)
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_rate(m: int, n: int, k: int, repeats: int = 20) -> float:
+    """bf16 FLOP/s of one [m, k] x [k, n] product on random data (median)."""
+    a = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.randn(k, n, device=DEVICE, dtype=torch.bfloat16)
+    return 2 * m * n * k / median_seconds(lambda: a @ b, repeats, warmup=3)
+
+
+def sustained_rate(size: int, count: int) -> float:
+    """bf16 FLOP/s of `count` back-to-back size^3 products (host clock around all of them)."""
+    a = torch.randn(size, size, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=DEVICE, dtype=torch.bfloat16)
+    sync()
+    start = time.perf_counter()
+    for _ in range(count):
+        a @ b
+    sync()
+    return 2 * size**3 * count / (time.perf_counter() - start)
+
+
+# ---- FLOPs of the fast path (matrix products and attention; element-wise work not counted) ---------------------------
+def _linear_params(*modules: Any) -> int:
+    return sum(m.weight.numel() for m in modules)
+
+
+def tower_flops(vit: ViT) -> tuple[int, int]:
+    """(all, attention part: QK^T and AV) of one image through one tower."""
+    spec = vit.spec
+    n = spec.num_patches + spec.num_prefix_tokens
+    total = 2 * spec.num_patches * vit.patch_embed.proj.weight.numel()
+    attention = spec.blocks_run * 4 * n * n * spec.embed_dim
+    for block in vit.blocks[: spec.blocks_run]:
+        total += 2 * n * _linear_params(block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2)
+    return total + attention, attention
+
+
+def decode_flops(policy: OFTPolicy, seq: int) -> dict[str, int]:
+    """Per example, for a sequence of `seq` positions (what the fast path runs); `attention` is the part of the
+    total spent in QK^T and AV (towers and Llama), the rest are weight GEMMs."""
+    backbone, spec = policy.vision_backbone, policy.spec
+    vits = [backbone.featurizer] + ([backbone.fused_featurizer] if backbone.fused_featurizer is not None else [])
+    towers = sum(tower_flops(v)[0] for v in vits)
+    attention = sum(tower_flops(v)[1] for v in vits)
+    proj = policy.projector
+    linears = [proj.fc1, proj.fc2] + ([proj.fc3] if proj.fused else [])
+    projector = 2 * backbone.patches_per_image * _linear_params(*linears)
+    if policy.proprio_projector is not None:
+        projector += 2 * _linear_params(policy.proprio_projector.fc1, policy.proprio_projector.fc2)
+    llm = policy.language_model.model
+    layers = llm.layers[: llm.config.num_hidden_layers]
+    k, d = spec.num_action_tokens, llm.config.hidden_size
+    full = 0
+    for layer in layers[:-1]:
+        a, m = layer.self_attn, layer.mlp
+        full += 2 * seq * _linear_params(a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+    llm_attention = (len(layers) - 1) * 4 * seq * seq * d + 4 * k * seq * d
+    a, m = layers[-1].self_attn, layers[-1].mlp
+    last = 2 * seq * _linear_params(a.k_proj, a.v_proj)
+    last += 2 * k * _linear_params(a.q_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+    llm = full + last + llm_attention
+    head = 2 * k * d * spec.n_bins
+    return {"towers": towers, "projector": projector, "llm": llm, "head": head,
+            "total": towers + projector + llm + head, "attention": attention + llm_attention}
+
+
+def sequence_length(policy: OFTPolicy, batch: PolicyInputs, trimmed: bool = True) -> int:
+    """Positions the Llama backbone runs: BOS, patches, proprio, the rest of the prompt columns, slots, stop."""
+    text = trim_text(batch.input_ids, batch.attention_mask)[1].shape[1] if trimmed else batch.input_ids.shape[1]
+    proprio = int(policy.proprio_projector is not None)
+    return policy.vision_backbone.patches_per_image + proprio + text + policy.num_action_tokens + 1
+
+
+# ---- agreement -------------------------------------------------------------------------------------------------------
+def agreement(fast: RolloutEngine, plain: RolloutEngine, ref: RolloutEngine, batch: PolicyInputs) -> dict[str, float]:
+    """Fast bf16 and plain bf16 against the plain fp32 path on the same weights (and fast against plain bf16)."""
+    out: dict[str, float] = {}
+    with torch.no_grad():
+        logits = {name: e.logits(e.inputs(batch)) for name, e in (("fast", fast), ("plain", plain), ("ref", ref))}
+    norm = logits["ref"].norm()
+    for name in ("fast", "plain"):
+        out[f"logits_rel_err_{name}"] = float((logits[name] - logits["ref"]).norm() / norm)
+    greedy = {name: e.decode(batch, TEMPERATURE, greedy=True).tokens for name, e in
+              (("fast", fast), ("plain", plain), ("ref", ref))}
+    out["greedy_fast_vs_fp32"] = float((greedy["fast"] == greedy["ref"]).mean())
+    out["greedy_plain_bf16_vs_fp32"] = float((greedy["plain"] == greedy["ref"]).mean())
+    out["greedy_fast_vs_plain_bf16"] = float((greedy["fast"] == greedy["plain"]).mean())
+    sampled = {}
+    for name, e in (("fast", fast), ("plain", plain), ("ref", ref)):
+        e.set_seed(1234)
+        sampled[name] = e.decode(batch, TEMPERATURE)
+    out["sampled_fast_vs_fp32"] = float((sampled["fast"].tokens == sampled["ref"].tokens).mean())
+    out["sampled_plain_bf16_vs_fp32"] = float((sampled["plain"].tokens == sampled["ref"].tokens).mean())
+    tokens = torch.from_numpy(sampled["fast"].tokens).to(DEVICE)
+    ref_logp = logprobs_from_logits(logits["ref"], tokens, TEMPERATURE).cpu().numpy()
+    diff = np.abs(sampled["fast"].logprobs - ref_logp)
+    out["logprob_abs_diff_max"], out["logprob_abs_diff_mean"] = float(diff.max()), float(diff.mean())
+    return out
+
+
+# ---- where the time goes ---------------------------------------------------------------------------------------------
+def kernel_kind(name: str) -> str:
+    n = name.lower()
+    if any(s in n for s in ("fmha", "flash", "attention", "mem_eff", "cudnn_generated_fort")):
+        return "attention"
+    if any(s in n for s in ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas")):
+        return "matmul"
+    if "triton" in n:
+        return "fused element-wise (compiled)"
+    if "conv" in n:
+        return "patch-embedding conv"
+    if "memcpy" in n or "memset" in n:
+        return "copies"
+    return "other element-wise (eager)"
+
+
+def profile_kinds(fn: Callable[[], Any]) -> tuple[dict[str, float], list[tuple[str, float]]]:
+    """GPU kernel seconds by kind for one call of `fn`, and the ten costliest kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if DEVICE == "cuda" else ProfilerActivity.CPU]) as prof:
+        fn()
+        sync()
+    kinds: dict[str, float] = defaultdict(float)
+    kernels: list[tuple[str, float]] = []
+    for event in prof.key_averages():
+        seconds = getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0)) / 1e6
+        if seconds <= 0:
+            continue
+        kinds[kernel_kind(event.key)] += seconds
+        kernels.append((event.key, seconds))
+    kernels.sort(key=lambda item: -item[1])
+    return dict(kinds), kernels[:10]
+
+
+@torch.no_grad()
+def where_time_goes(fast: RolloutEngine, policy: OFTPolicy, x: PolicyInputs, repeats: int
+                    ) -> tuple[dict[str, float], dict[str, float], list[tuple[str, float]]]:
+    """Stage times of the fast path (host copy, towers, whole forward compiled and not, whole decode) and its GPU
+    kernel time by kind."""
+    assert fast.fast is not None
+    stages: dict[str, float] = {}
+    on_device = fast.inputs(x)
+    stages["h2d pinned (engine.inputs)"] = median_seconds(lambda: fast.inputs(x), repeats)
+    fast.pin_memory = False
+    stages["h2d pageable"] = median_seconds(lambda: fast.inputs(x), repeats)
+    fast.pin_memory = DEVICE == "cuda"
+    pixels = on_device.pixel_values.to(policy.projector.fc1.weight.dtype)
+    stages["vision towers"] = median_seconds(lambda: fast.fast.vision(pixels), repeats)
+    stages["forward (towers..bins)"] = median_seconds(lambda: fast.logits(on_device), repeats)
+    eager = RolloutEngine(policy, DEVICE, seed=0, fast=True, compile=False)
+    stages["forward, not compiled"] = median_seconds(lambda: eager.logits(on_device), repeats)
+    stages["decode (all)"] = median_seconds(lambda: fast.decode(x, TEMPERATURE), repeats)
+    kinds, kernels = profile_kinds(lambda: fast.logits(on_device))
+    return stages, kinds, kernels
+
+
+def gap_table(stages: dict[str, float], kinds: dict[str, float], flops: dict[str, int], rate: float
+              ) -> dict[str, float]:
+    """Decode time minus floor, split: weight GEMMs over their floor, attention kernels over theirs, element-wise
+    kernels, time between kernels inside the forward, and what the engine does around the forward."""
+    gemm_floor = (flops["total"] - flops["attention"]) / rate
+    gemm = kinds.get("matmul", 0.0) + kinds.get("patch-embedding conv", 0.0)
+    attention = kinds.get("attention", 0.0)
+    elementwise = sum(v for k, v in kinds.items() if k not in ("matmul", "patch-embedding conv", "attention"))
+    return {"floor": flops["total"] / rate,
+            f"GEMM kernels over their floor ({gemm:.4f}s at {gemm_floor * rate / max(gemm, 1e-9) / 1e12:.0f} TFLOP/s)":
+                gemm - gemm_floor,
+            f"attention kernels over their floor ({attention:.4f}s)": attention - flops["attention"] / rate,
+            "element-wise kernels (norms, rotary, activations, adds, copies)": elementwise,
+            "between kernels (launch gaps, host work in the forward)": stages["forward (towers..bins)"] - sum(
+                kinds.values()),
+            "around the forward (H2D, sampling, log-probs, D2H, actions)": stages["decode (all)"] - stages[
+                "forward (towers..bins)"]}
+
+
+def set_attention(policy: OFTPolicy, name: str) -> str:
+    """Switch the Llama backbone's attention implementation; returns the previous one."""
+    llm = policy.language_model
+    before = llm.config._attn_implementation
+    if hasattr(llm, "set_attn_implementation"):
+        llm.set_attn_implementation(name)
+    else:
+        llm.config._attn_implementation = name
+    assert llm.config._attn_implementation == name, llm.config._attn_implementation
+    return before
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="oft_7b")
+    p.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64, 128])
+    p.add_argument("--agree-batch", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", default="")
+    args = p.parse_args()
+    report: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                              "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
+                              "torch": torch.__version__}
+    print(f"{report['date']}  {report['gpu']}  torch {report['torch']}", flush=True)
+
+    # first GPU work of the run (the card as found, at rest): median of 20 after 3 warm-ups, as KINDS.md measures it;
+    # then the rate a second of back-to-back products sustains (what a long forward pass sees)
+    size = 8192 if DEVICE == "cuda" else 512
+    rate = matmul_rate(size, size, size)
+    sustained = sustained_rate(size, 1000 if DEVICE == "cuda" else 5)
+    report["matmul_tflops_8192"], report["matmul_tflops_8192_sustained"] = rate / 1e12, sustained / 1e12
+    m = 64 * 338 if DEVICE == "cuda" else 256
+    shapes = {"q/k/v/o": (m, 4096, 4096), "gate/up": (m, 11008, 4096), "down": (m, 4096, 11008)}
+    report["matmul_tflops_shapes"] = {name: matmul_rate(*s) / 1e12 for name, s in shapes.items()}
+    print(f"bf16 matmul 8192^3: {rate / 1e12:.0f} TFLOP/s (median of 20), {sustained / 1e12:.0f} sustained over "
+          "1000 back to back; at the Llama GEMMs of B=64 (M=64*338): "
+          + ", ".join(f"{k} {v:.0f}" for k, v in report["matmul_tflops_shapes"].items()), flush=True)
+
+    cfg = model_config(args.model)
+    tok = WordTokenizer.from_instructions(TEXTS)
+    processor = Processor(cfg, tok)
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device(DEVICE):
+        policy = build_policy(cfg, tok)
+    torch.set_default_dtype(torch.float32)
+    print(f"{args.model}: {sum(q.numel() for q in policy.parameters()) / 1e9:.3f}B parameters (bf16, random)",
+          flush=True)
+    # on CUDA the engine's defaults: fast path, compiled, pinned staging (CPU dry run: fast path, eager)
+    fast = RolloutEngine(policy, DEVICE, seed=0) if DEVICE == "cuda" else RolloutEngine(policy, seed=0, fast=True)
+    plain = RolloutEngine(policy, DEVICE, seed=0, fast=False)
+    assert fast.fast is not None and fast.fast.compiled == (DEVICE == "cuda") and plain.fast is None
+
+    start = time.perf_counter()
+    try:
+        fast.decode(make_inputs(processor, cfg, 8, seed=99), TEMPERATURE)
+    except Exception as error:  # noqa: BLE001 (measure the eager fast path rather than nothing)
+        print(f"torch.compile failed ({type(error).__name__}: {str(error)[:400]}); fast path without compile")
+        fast = RolloutEngine(policy, DEVICE, seed=0, fast=True, compile=False)
+        report["compile_error"] = repr(error)[:2000]
+    report["first_decode_with_compile_s"] = time.perf_counter() - start
+    print(f"first fast decode (torch.compile included): {report['first_decode_with_compile_s']:.1f}s", flush=True)
+
+    ref = RolloutEngine(copy.deepcopy(policy).float(), DEVICE, seed=0, fast=False)
+    report["agreement"] = agreement(fast, plain, ref, make_inputs(processor, cfg, args.agree_batch, seed=7))
+    del ref
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    print(f"agreement at B={args.agree_batch} (same weights; fp32 = plain path in float32): "
+          + ", ".join(f"{k}={v:.4g}" for k, v in report["agreement"].items()), flush=True)
+
+    rows = []
+    for batch in args.batches:
+        x = make_inputs(processor, cfg, batch, seed=batch)
+        seq = sequence_length(policy, x)
+        flops = decode_flops(policy, seq)
+        if DEVICE == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        t_fast = median_seconds(lambda x=x: fast.decode(x, TEMPERATURE), args.repeats)
+        peak = torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0
+        t_plain = median_seconds(lambda x=x: plain.decode(x, TEMPERATURE), args.repeats)
+        row = {"B": batch, "T_fast": seq, "T_plain": sequence_length(policy, x, trimmed=False),
+               "gflop": batch * flops["total"] / 1e9, "floor_s": batch * flops["total"] / rate, "fast_s": t_fast,
+               "plain_s": t_plain, "peak_gib": peak, "flops_split": {k: batch * v for k, v in flops.items()}}
+        rows.append(row)
+        print(f"B={batch}: fast {t_fast:.3f}s floor {row['floor_s']:.3f}s plain {t_plain:.3f}s", flush=True)
+    report["rows"] = rows
+
+    x8 = make_inputs(processor, cfg, 8, seed=8)
+    ids, mask = trim_text(x8.input_ids, x8.attention_mask)
+    x8_trim = PolicyInputs(x8.pixel_values, ids, mask, x8.proprio)
+    before = set_attention(policy, "eager")
+    t_eager = median_seconds(lambda: plain.decode(x8_trim, TEMPERATURE), args.repeats)
+    t_eager_padded = median_seconds(lambda: plain.decode(x8, TEMPERATURE), args.repeats)
+    set_attention(policy, before)
+    report["eager_b8_s"], report["eager_b8_padded64_s"] = t_eager, t_eager_padded
+
+    stage_batch = 64 if 64 in args.batches else args.batches[-1]
+    stages, kinds, kernels = where_time_goes(fast, policy, make_inputs(processor, cfg, stage_batch, seed=64),
+                                             args.repeats)
+    report["stages_b64"], report["kernel_kinds_b64"], report["top_kernels_b64"] = stages, kinds, kernels
+
+    print()
+    print(f"bf16 matmul rate measured here: {rate / 1e12:.0f} TFLOP/s (8192^3, random data, median of 20, first work "
+          f"of the run; {sustained / 1e12:.0f} sustained); floor = matmul and attention FLOPs / that rate")
+    print(f"{'B':>4} {'T':>4} {'TFLOP':>7} {'floor s':>8} {'fast s':>8} {'/floor':>7} {'chunks/s':>9} {'peak GiB':>9}"
+          f" {'plain s':>8} {'T plain':>8}")
+    for r in rows:
+        print(f"{r['B']:>4} {r['T_fast']:>4} {r['gflop'] / 1e3:>7.1f} {r['floor_s']:>8.3f} {r['fast_s']:>8.3f} "
+              f"{r['fast_s'] / r['floor_s']:>7.2f} {r['B'] / r['fast_s']:>9.1f} {r['peak_gib']:>9.1f} "
+              f"{r['plain_s']:>8.3f} {r['T_plain']:>8}")
+    b64 = next((r for r in rows if r["B"] == 64), rows[-1])
+    fast_rate = b64["B"] / b64["fast_s"]
+    print(f"eager attention (plain path, bf16) B=8: {t_eager:.3f}s = {8 / t_eager:.1f} chunks/s with prompts padded to "
+          f"the batch's longest (fast B={b64['B']}: {fast_rate / (8 / t_eager):.2f}x); padded to max_text_len as the "
+          f"Processor gives them: {t_eager_padded:.3f}s = {8 / t_eager_padded:.1f} chunks/s "
+          f"({fast_rate / (8 / t_eager_padded):.2f}x)")
+    print(f"fast B={b64['B']} against the sustained rate's floor: "
+          f"{b64['fast_s'] / (b64['floor_s'] * rate / sustained):.2f}x")
+    print(f"fast path at B={stage_batch}, seconds: " + ", ".join(f"{k} {v:.4f}" for k, v in stages.items()))
+    total = sum(kinds.values())
+    print(f"GPU kernel time by kind at B={stage_batch} (one forward, {total:.4f}s): "
+          + ", ".join(f"{k} {v:.4f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])))
+    for name, seconds in kernels:
+        print(f"  {seconds:.4f}s  {name[:110]}")
+    gap = gap_table(stages, kinds, next(r for r in rows if r["B"] == stage_batch)["flops_split"], rate)
+    report["gap_b64"] = gap
+    print(f"gap to the floor at B={stage_batch} (decode {stages['decode (all)']:.4f}s, floor {gap['floor']:.4f}s):")
+    for name, seconds in gap.items():
+        if name != "floor":
+            print(f"  {name:<66} {seconds:>8.4f}s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1, default=str))
+    print(f"decode: b64_over_floor={b64['fast_s'] / b64['floor_s']:.2f} "
+          f"chunks_per_s_vs_eager_b8={fast_rate / (8 / t_eager):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""The engine's fast path (`rollout/fast_forward.py`) decodes what the plain fp32 path decodes (CPU, tiny sizes).
+
+Greedy tokens equal, sampled tokens equal under the same generator seed, log-probs and logits equal to float32
+rounding; covered: our own tower and learned action queries (both attention modes), and the official layout with
+fused DINOv2-like + SigLIP-like towers (layer scale, registers, tanh GELU), grouped-query attention, proprio and two
+images per example, with prompts of different lengths in one batch.
+"""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from vla_scale.config import ModelConfig
+from vla_scale.envs.reach import instructions
+from vla_scale.envs.types import Observation
+from vla_scale.models import OFTPolicy, Processor, WordTokenizer, build_policy
+from vla_scale.models.processor import PolicyInputs
+from vla_scale.models.spec import spec_from_openvla
+from vla_scale.models.vision import ViTSpec
+from vla_scale.rollout.engine import RolloutEngine
+
+CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=2, num_heads=2,
+                  intermediate_size=64, chunk_len=4, ordinal_bin_init=1.0, max_text_len=40)
+TEXTS = ["reach the red block", "pick up the black bowl next to the cookie box and place it on the plate",
+         "open the drawer"]
+
+
+def tiny_case(attention: str) -> tuple[OFTPolicy, PolicyInputs]:
+    cfg = ModelConfig(**{**vars(CFG), "attention": attention})
+    tok = WordTokenizer.from_instructions(instructions() + TEXTS)
+    torch.manual_seed(0)
+    policy = build_policy(cfg, tok)
+    rng = np.random.default_rng(0)
+    obs = [Observation({"agentview": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)},
+                       rng.normal(size=4).astype(np.float32), TEXTS[i % 3]) for i in range(5)]
+    return policy, Processor(cfg, tok)(obs)
+
+
+def official_case() -> tuple[OFTPolicy, PolicyInputs]:
+    config = {"model_type": "openvla", "timm_model_ids": ["vit_tiny_patch16_224", "vit_small_patch16_224"],
+              "image_sizes": [32, 32], "use_fused_vision_backbone": True, "n_action_bins": 256,
+              "pad_to_multiple_of": 64, "pad_token_id": 512,
+              "text_config": {"model_type": "llama", "vocab_size": 576, "hidden_size": 48, "intermediate_size": 96,
+                              "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2}}
+    spec = spec_from_openvla(config, proprio_dim=8, chunk_len=2, action_dim=7, normalization="bounds_q99")
+    dino = ViTSpec(image_size=32, patch_size=16, embed_dim=32, depth=3, num_heads=2, layer_scale=True, reg_tokens=2,
+                   no_embed_class=True)
+    siglip = ViTSpec(image_size=32, patch_size=16, embed_dim=48, depth=3, num_heads=2, class_token=False,
+                     map_head=True, act="gelu_tanh")
+    torch.manual_seed(1)
+    policy = OFTPolicy(replace(spec, towers=[dino, siglip]))
+    with torch.no_grad():  # layer scales far from their 1e-5 init, so the blocks matter
+        for name, param in policy.vision_backbone.named_parameters():
+            if name.endswith("scale_factor"):
+                param.uniform_(0.5, 1.5)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, 400, (4, 12), generator=g)
+    ids[:, 0] = 1
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[0, 7:] = False
+    mask[1, 11:] = False
+    mask[2, 10:] = False
+    mask[3, 9:] = False  # every prompt shorter than the padded width: trimming removes columns
+    ids[~mask] = spec.pad_token_id
+    pixels = torch.randn(4, 12, 32, 32, generator=g)
+    return policy, PolicyInputs(pixels, ids, mask, torch.rand(4, 8, generator=g) * 2 - 1)
+
+
+@pytest.fixture(scope="module", params=["tiny-bidirectional", "tiny-causal", "official-fused-gqa"])
+def engines(request):
+    policy, batch = official_case() if request.param.startswith("official") else tiny_case(request.param[5:])
+    return RolloutEngine(policy, seed=7), RolloutEngine(policy, seed=7, fast=True), batch
+
+
+def test_cpu_default_is_the_plain_path(engines):
+    plain, fast, _ = engines
+    assert plain.fast is None and not plain.pin_memory
+    assert fast.fast is not None and not fast.fast.compiled
+
+
+def test_fast_inputs_trim_the_shared_prompt_padding(engines):
+    _, fast, batch = engines
+    trimmed = fast.inputs(batch)
+    longest = int(batch.attention_mask.sum(1).max())
+    assert trimmed.input_ids.shape[1] == longest < batch.input_ids.shape[1]
+    assert torch.equal(trimmed.input_ids, batch.input_ids[:, :longest])
+
+
+def test_fast_logits_equal_plain_logits(engines):
+    plain, fast, batch = engines
+    with torch.no_grad():
+        want = plain.logits(plain.inputs(batch))
+        got = fast.logits(fast.inputs(batch))
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_fast_decode_gives_the_plain_tokens_log_probs_and_actions(engines, greedy):
+    plain, fast, batch = engines
+    plain.set_seed(11)
+    fast.set_seed(11)
+    want, got = plain.decode(batch, 1.6, greedy), fast.decode(batch, 1.6, greedy)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=0, atol=2e-5)
+    np.testing.assert_array_equal(got.actions, want.actions)
+
