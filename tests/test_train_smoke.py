@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from vla_scale.logging import read_scalars
 
@@ -102,3 +103,11 @@ def test_two_ranks_under_the_deepspeed_launcher_share_one_run(tmp_path):
     assert (step / "trainer_state_rank0.json").exists() and (step / "trainer_state_rank1.json").exists()
     scalars = read_scalars(str(runs[0] / "tb"))
     assert [s for s, _ in scalars["sync/version"]] == [1, 2]
+    # DeepSpeed's own conversion of the 2-way sharded checkpoint gives exactly the weights we export
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from safetensors.torch import load_file
+
+    converted = get_fp32_state_dict_from_zero_checkpoint(str(runs[0] / "checkpoints"), tag="step_2")
+    exported = load_file(str(step / "model.safetensors"))
+    assert set(converted) == set(exported)
+    assert all(torch.equal(converted[k].float(), exported[k].float()) for k in exported)

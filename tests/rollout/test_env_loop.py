@@ -11,7 +11,7 @@ from vla_scale.envs.types import TaskSpec
 from vla_scale.models import Processor, WordTokenizer, build_policy
 from vla_scale.parallel.fleet import SimFleet, start_ray
 from vla_scale.rollout.engine import RolloutEngine
-from vla_scale.rollout.env_loop import run_episodes
+from vla_scale.rollout.env_loop import EnvLoop
 
 CFG = ModelConfig(image_size=32, patch_size=16, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
                   intermediate_size=64, chunk_len=4)
@@ -53,7 +53,7 @@ def test_episodes_come_back_in_order_with_uids_and_versions(setup):
     fleet, engine, processor = setup
     tasks = [TaskSpec("reach", i % 3, i) for i in range(6)]  # more episodes than simulators: two rounds
     uids = [f"g{i // 2}" for i in range(6)]
-    trajs = run_episodes(tasks, uids, fleet, engine, processor, max_chunks=3, temperature=1.0)
+    trajs = EnvLoop(fleet, engine, processor, max_chunks=3).run(tasks, uids, temperature=1.0)
     assert [t.task for t in trajs] == tasks and [t.uid for t in trajs] == uids
     for t in trajs:
         assert 1 <= len(t) <= 3 and set(t.versions) == {5}
@@ -64,8 +64,9 @@ def test_episodes_come_back_in_order_with_uids_and_versions(setup):
 def test_greedy_rollouts_repeat_exactly(setup):
     fleet, engine, processor = setup
     tasks = [TaskSpec("reach", i % 3, 40 + i) for i in range(4)]
-    a = run_episodes(tasks, ["e"] * 4, fleet, engine, processor, 3, 1.0, greedy=True)
-    b = run_episodes(tasks, ["e"] * 4, fleet, engine, processor, 3, 1.0, greedy=True)
+    loop = EnvLoop(fleet, engine, processor, max_chunks=3)
+    a = loop.run(tasks, ["e"] * 4, 1.0, greedy=True)
+    b = loop.run(tasks, ["e"] * 4, 1.0, greedy=True)
     for x, y in zip(a, b, strict=True):
         assert x.success == y.success and x.env_steps == y.env_steps
         np.testing.assert_array_equal(np.stack(x.tokens), np.stack(y.tokens))

@@ -185,9 +185,3 @@ class EnvLoop:
         mask[todo] = True
         self.fleet.send_step(chunks, mask)
 
-
-def run_episodes(tasks: list[TaskSpec], uids: list[str], fleet: SimFleet, engine: RolloutEngine,
-                 processor: Processor, max_chunks: int, temperature: float, greedy: bool = False
-                 ) -> list[Trajectory]:
-    """Play every task once with a fresh loop (see EnvLoop)."""
-    return EnvLoop(fleet, engine, processor, max_chunks).run(tasks, uids, temperature, greedy)
