@@ -6,7 +6,10 @@ Layout: a trainer rank drives `env.num_workers` Ray actors (`SimWorker`); each r
 local slots [s*m, (s+1)*m), m = slots / S, belong to stage s, so each stage keeps every process busy.
 
 Requests are answered in the order they were sent (one request per stage may be in flight), and `recv()` returns
-the oldest one. A worker sends each request to all its processes before it waits for any.
+the oldest one. A worker sends each request to all its processes before it waits for any. Sending and receiving
+are separate Ray concurrency groups of the worker (one thread each, each in call order), so a receive that waits for
+one stage's simulators never holds back another stage's chunks; a lock keeps the two threads' views of the
+processes consistent.
 
 Faults: a process that dies, misses its deadline or raises is closed and replaced; its running episodes are reset
 to their initial states and reported as `Restarted` (the env loop starts them again), also for slots the trainer
@@ -17,7 +20,8 @@ naming the worker, process and tasks. Neither this module nor the sim workers im
 from __future__ import annotations
 
 import os
-from collections import deque
+import queue
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +55,8 @@ class WorkerReply:
 class SimWorker:
     """A Ray actor owning `sims` simulator processes of `slots` simulators each."""
 
+    CONCURRENCY_GROUPS = {"send": 1, "recv": 1}
+
     def __init__(self, index: int, env_name: str, env_kwargs: dict[str, Any], sims: int, slots: int,
                  timeout_s: float, max_failures: int, boot_timeout_s: float):
         self.index, self.env_name, self.env_kwargs = index, env_name, env_kwargs
@@ -63,8 +69,8 @@ class SimWorker:
         self.lost: dict[int, Observation] = {}  # slot -> initial observation after a restart, not yet reported
         self.orphaned = [0] * sims  # requests lost with a replaced process, still to be answered
         self.failures = [0] * sims
-        self.requests: deque[np.ndarray] = deque()
-        self.kinds: deque[str] = deque()
+        self.requests: queue.Queue[tuple[str, np.ndarray]] = queue.Queue()
+        self.lock = threading.Lock()
 
     def _spawn(self) -> SimProcess:
         return SimProcess(self.env_name, self.slots, self.env_kwargs, boot_timeout_s=self.boot_timeout_s)
@@ -72,55 +78,62 @@ class SimWorker:
     def _part(self, k: int) -> slice:
         return slice(k * self.slots, (k + 1) * self.slots)
 
+    @ray.method(concurrency_group="send")
     def send_reset(self, tasks: list[TaskSpec | None], mask: np.ndarray) -> None:
-        for j in np.flatnonzero(mask):
-            self.tasks[j], self.running[j] = tasks[j], True
-            self.lost.pop(int(j), None)
-        self._send("reset", mask, lambda proc, part: proc.send_reset(tasks[part], mask[part]))
+        with self.lock:
+            for j in np.flatnonzero(mask):
+                self.tasks[j], self.running[j] = tasks[j], True
+                self.lost.pop(int(j), None)
+            self._send("reset", mask, lambda proc, part: proc.send_reset(tasks[part], mask[part]))
 
+    @ray.method(concurrency_group="send")
     def send_step(self, chunks: np.ndarray, mask: np.ndarray) -> None:
-        live = mask.copy()
-        live[list(self.lost)] = False  # lost slots are answered with Restarted, not stepped
-        self._send("step", mask, lambda proc, part: proc.send_step(chunks[part], live[part]))
+        with self.lock:
+            live = mask.copy()
+            live[list(self.lost)] = False  # lost slots are answered with Restarted, not stepped
+            self._send("step", mask, lambda proc, part: proc.send_step(chunks[part], live[part]))
 
     def _send(self, kind: str, mask: np.ndarray, send) -> None:
-        self.requests.append(mask.copy())
-        self.kinds.append(kind)
+        """Forward a request to every process, then queue it for recv() (caller holds the lock)."""
         for k, proc in enumerate(self.procs):
             try:
                 send(proc, self._part(k))
             except SimulatorError:
                 pass  # the process is gone: recv() finds out and replaces it
+        self.requests.put((kind, mask.copy()))
 
+    @ray.method(concurrency_group="recv")
     def recv(self) -> WorkerReply:
         """Answer the oldest request; replace any process that fails on the way."""
-        mask = self.requests.popleft()
-        kind = self.kinds.popleft()
+        kind, mask = self.requests.get(timeout=self.boot_timeout_s + self.timeout_s)
         parts: list[SlotBatch] = []
         busy = 0.0
         restarts = 0
-        for k, proc in enumerate(self.procs):
+        for k in range(len(self.procs)):
             part = SlotBatch.pack(kind, [None] * self.slots)
-            if self.orphaned[k]:
-                self.orphaned[k] -= 1
-                parts.append(part)
-                continue
-            before = proc.busy_s
-            try:
-                if proc.broken or not proc.pending:
-                    raise SimulatorError(f"simulator pid={proc.pid} env={self.env_name!r}: process is broken")
-                part = proc.recv_batch(self.timeout_s)
-                self.failures[k] = 0
-                busy += proc.busy_s - before
-            except SimulatorError as err:
-                self.orphaned[k] = len(self.requests)  # every later request was lost with this process too
-                self._replace(k, err)
-                restarts += 1
+            with self.lock:
+                proc = self.procs[k]
+                skip = self.orphaned[k] > 0
+                self.orphaned[k] -= skip
+            if not skip:
+                before = proc.busy_s
+                try:
+                    if proc.broken or not proc.pending:
+                        raise SimulatorError(f"simulator pid={proc.pid} env={self.env_name!r}: process is broken")
+                    part = proc.recv_batch(self.timeout_s)
+                    self.failures[k] = 0
+                    busy += proc.busy_s - before
+                except SimulatorError as err:
+                    with self.lock:
+                        self.orphaned[k] = self.requests.qsize()  # later requests were lost with it too
+                        self._replace(k, err)
+                    restarts += 1
             parts.append(part)
         batch = SlotBatch.concat(kind, parts)
-        if kind == "step":
-            self.running[batch.index[batch.done]] = False
-        restarted = {int(j): self.lost.pop(int(j)) for j in np.flatnonzero(mask) if int(j) in self.lost}
+        with self.lock:
+            if kind == "step":
+                self.running[batch.index[batch.done]] = False
+            restarted = {int(j): self.lost.pop(int(j)) for j in np.flatnonzero(mask) if int(j) in self.lost}
         return WorkerReply(batch, restarted, busy, restarts)
 
     def _replace(self, k: int, err: SimulatorError) -> None:
@@ -206,7 +219,7 @@ class SimFleet:
         self.size, self.per_worker, self.stages = size, size // num_workers, stages
         self.slots = size // (num_workers * sims_per_worker)
         self.num_procs = num_workers * sims_per_worker
-        options: dict[str, Any] = {"num_cpus": 0}
+        options: dict[str, Any] = {"num_cpus": 0, "concurrency_groups": SimWorker.CONCURRENCY_GROUPS}
         if sim_resource:
             options["resources"] = {"sim": 0.001}
         remote = ray.remote(**options)(SimWorker)
@@ -230,8 +243,16 @@ class SimFleet:
         for i, worker in enumerate(self.workers):
             worker.send_step.remote(self._split(chunks, i), self._split(mask, i))
 
+    def request_recv(self) -> list[ray.ObjectRef]:
+        """Ask every worker for its answer to the oldest request, without waiting (see `collect`)."""
+        return [worker.recv.remote() for worker in self.workers]
+
     def recv(self) -> list[SlotResult]:
-        replies: list[WorkerReply] = ray.get([worker.recv.remote() for worker in self.workers])
+        return self.collect(self.request_recv())
+
+    def collect(self, refs: list[ray.ObjectRef]) -> list[SlotResult]:
+        """Wait for the answers asked for by `request_recv`; one entry per slot."""
+        replies: list[WorkerReply] = ray.get(refs)
         results: list[SlotResult] = []
         for i, reply in enumerate(replies):
             self.stats.busy_s += reply.busy_s

@@ -131,12 +131,15 @@ class EnvLoop:
         observations: list[Observation | None] = [None] * size
         busy0, restarts0 = self.fleet.stats.busy_s, self.fleet.stats.restarts
         start = time.perf_counter()
-        outstanding = deque(range(self.fleet.stages))
+        outstanding = deque(range(self.fleet.stages))  # stages with a request in flight, oldest first
+        asked = deque([self.fleet.request_recv()])  # answers asked for, one per stage at the front of `outstanding`
         while outstanding:
             s = outstanding.popleft()
             waited = time.perf_counter()
-            results = self.fleet.recv()
+            results = self.fleet.collect(asked.popleft())
             self.stats.wait_s += time.perf_counter() - waited
+            if outstanding:  # fetch the next stage's answer while this one is decoded
+                asked.append(self.fleet.request_recv())
             mine = np.flatnonzero(running & (self.stage == s))
             for i in mine:
                 self._apply(i, results[i], trajs[i], observations, running, chunks_done)
@@ -144,6 +147,8 @@ class EnvLoop:
             if todo:
                 self._decode_and_send(todo, s, trajs, observations, chunks_done, temperature, greedy)
                 outstanding.append(s)
+                if not asked:
+                    asked.append(self.fleet.request_recv())
         self.stats.wall_s += time.perf_counter() - start
         self.stats.sim_busy_s += self.fleet.stats.busy_s - busy0
         self.stats.restarts += self.fleet.stats.restarts - restarts0
