@@ -16,7 +16,7 @@ from vla_scale.envs.reach import instructions
 from vla_scale.envs.sim_process import SimulatorError
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import Processor, WordTokenizer, build_policy
-from vla_scale.parallel.fleet import Restarted, SimFleet, start_ray
+from vla_scale.parallel.fleet import SimFleet, start_ray
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop
 
@@ -148,6 +148,3 @@ def test_repeated_failures_stop_with_worker_and_task_named(parts):
     finally:
         fleet.close()
 
-
-def test_restarted_type_is_exported():
-    assert Restarted.__dataclass_fields__["observation"]

@@ -109,8 +109,9 @@ class SimWorker:
         parts: list[SlotBatch] = []
         busy = 0.0
         restarts = 0
+        unanswered = SlotBatch.pack(kind, [None] * self.slots)  # a replaced or skipped process's part
         for k in range(len(self.procs)):
-            part = SlotBatch.pack(kind, [None] * self.slots)
+            part = unanswered
             with self.lock:
                 proc = self.procs[k]
                 skip = self.orphaned[k] > 0

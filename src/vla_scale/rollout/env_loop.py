@@ -167,7 +167,6 @@ class EnvLoop:
                 traj.success = result.success
         elif isinstance(result, Observation):
             observations[i] = result
-            traj.instruction = result.instruction
         else:
             raise RuntimeError(f"slot {i} got no answer for its request ({result!r})")
 
