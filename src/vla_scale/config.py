@@ -181,6 +181,16 @@ class DeepSpeedConfig:
     """Train in bf16 (GPU); CPU runs stay fp32."""
     offload_optimizer: bool = False
     """Keep optimizer state on the CPU (ZeRO offload)."""
+    offload_param: bool = False
+    """Keep the ZeRO-3 parameter shards on the CPU, fetched for each layer as it runs (ZeRO-Infinity style)."""
+    activation_checkpointing: bool = False
+    """Recompute the Llama layers' activations in the backward pass instead of storing them."""
+    offload_states_during_rollout: bool = False
+    """Colocated memory: move the actor's optimizer state, fp32 weights and gradients to CPU memory from the end of
+    each update until the next one begins (ZeRO-3, GPU), so the rollout engine has the GPU to itself."""
+    release_engine_during_update: bool = False
+    """Colocated memory: the rollout engine frees its weights' GPU memory while the actor updates; the weight sync
+    after the update refills them."""
     sync_bucket_mb: int = 64
     """Weight sync gathers parameters in buckets of at most this many MB."""
 
@@ -328,6 +338,12 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
         problems.append(f"steps={cfg.steps} and eval_every={cfg.eval_every} must be >= 1")
     if cfg.deepspeed.zero_stage not in (0, 1, 2, 3):
         problems.append(f"deepspeed.zero_stage={cfg.deepspeed.zero_stage} must be 0, 1, 2 or 3")
+    ds = cfg.deepspeed
+    if ds.offload_param and ds.zero_stage != 3:
+        problems.append(f"deepspeed.offload_param=true needs deepspeed.zero_stage=3 (got {ds.zero_stage})")
+    if ds.offload_states_during_rollout and (ds.zero_stage != 3 or ds.offload_optimizer or ds.offload_param):
+        problems.append("deepspeed.offload_states_during_rollout=true needs deepspeed.zero_stage=3 with "
+                        "offload_optimizer=false and offload_param=false (states already on the CPU cannot move)")
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
     return cfg

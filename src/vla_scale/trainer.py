@@ -115,6 +115,7 @@ class Trainer:
                 self.next_specs = self.sampler.draw(self.groups)
                 self.loop.prefetch(self._episodes(self.next_specs))  # simulators reset while the actor trains
                 self.events.append(("reset_sent", time.perf_counter()))
+            self._make_room_for_update()
             stats = self.update(batch)
             self.events.append(("update_done", time.perf_counter()))
             t2 = time.perf_counter()
@@ -127,7 +128,8 @@ class Trainer:
                 "train/rollout_rounds": batch.rounds,
                 "train/episodes": batch.episodes,
                 "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/sync_s": t3 - t2,
-                "sync/version": report.version,
+                "sync/version": report.version, "sync/verify_s": report.verify_seconds,
+                "sync/mib": report.bytes / 2**20,
                 **{f"train/{k}": v for k, v in stats.items()},
                 **self.loop.stats.metrics(self.fleet.num_procs),
             }
@@ -206,9 +208,32 @@ class Trainer:
         return inputs, tokens, old, torch.tensor([a for _, _, a in rows], dtype=torch.float32)
 
     def sync(self, version: int) -> SyncReport:
-        report = sync_weights(self.actor.policy, self.engine, version, self.cfg.deepspeed.sync_bucket_mb)
+        """Actor -> engine in buckets; every rank's engine must hold the same weights (checksums gathered and logged).
+
+        With the colocated-memory options the actor's optimizer state leaves the GPU first and the engine takes its
+        weights' memory back; see `_make_room_for_update` for the other half."""
+        ds = self.cfg.deepspeed
+        if ds.offload_states_during_rollout:
+            self.actor.offload_states()
+        self.engine.resume_memory_occupation()
+        report = sync_weights(self.actor.policy, self.engine, version, ds.sync_bucket_mb)
+        sums = [report.checksum]
+        if self.world > 1:
+            sums = [""] * self.world
+            dist.all_gather_object(sums, report.checksum)
+            if len(set(sums)) > 1:
+                raise RuntimeError(f"weight sync v{version}: the ranks' rollout engines differ: " + ", ".join(
+                    f"rank {r}: {c}" for r, c in enumerate(sums)))
+        self.log.text("sync/checksum", f"v{version}: {report.checksum} on {len(sums)} rank(s)", version)
         self.version = report.version
         return report
+
+    def _make_room_for_update(self) -> None:
+        """Colocated memory: the engine's weights leave the GPU and the actor's optimizer state comes back."""
+        ds = self.cfg.deepspeed
+        if ds.release_engine_during_update:
+            self.engine.release_memory_occupation()
+        self.actor.reload_states()
 
     # ---- evaluation -------------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -237,7 +262,10 @@ class Trainer:
         state = {"step": self.step, "version": self.version, "sampler": self.sampler.state_dict(),
                  "engine_rng": self.engine.generator.get_state(), "rng": checkpoint.rng_state(),
                  "next_specs": self.next_specs}
+        self.actor.reload_states()  # checkpoints hold the optimizer state where training keeps it
         self.actor.save(root, tag, {"step": self.step})
+        if self.cfg.deepspeed.offload_states_during_rollout:
+            self.actor.offload_states()
         checkpoint.write_trainer_state(os.path.join(root, tag), self.rank, state)
         path = os.path.join(root, tag, "model.safetensors")
         checkpoint.save_weights(self.actor.policy, path, self.cfg.deepspeed.sync_bucket_mb, self.rank == 0)

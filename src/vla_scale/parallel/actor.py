@@ -43,6 +43,8 @@ def deepspeed_config(ds: DeepSpeedConfig, algo: AlgoConfig) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": ds.zero_stage}
     if ds.offload_optimizer and ds.zero_stage > 0:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if ds.offload_param:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     if ds.zero_stage == 3:
         zero["stage3_param_persistence_threshold"] = 0
     return {
@@ -57,6 +59,55 @@ def deepspeed_config(ds: DeepSpeedConfig, algo: AlgoConfig) -> dict[str, Any]:
     }
 
 
+class OptimizerStates:
+    """The tensors a ZeRO optimizer keeps beside the working weights: the inner optimizer's state (Adam moments) and
+    the fp32 master partitions it steps. `offload` moves them to (reused, pinned) host buffers; `reload` back."""
+
+    def __init__(self, zero_optimizer: Any, device: torch.device):
+        self.inner = zero_optimizer.optimizer  # the torch optimizer over the fp32 partitions
+        # ZeRO-3 hands its fp32 partitions to the inner optimizer only for the duration of a step
+        self.masters: list[torch.Tensor] = list(getattr(zero_optimizer, "fp32_partitioned_groups_flat", []))
+        self.device = device
+        self.host: dict[int, torch.Tensor] = {}
+
+    def _tensors(self) -> list[tuple[Any, Any]]:
+        """(holder, key) of every tensor to move: state dict entries and master partitions (by their `.data`)."""
+        found: list[tuple[Any, Any]] = [(master, "data") for master in self.masters]
+        for state in self.inner.state.values():
+            found.extend((state, key) for key, value in state.items() if torch.is_tensor(value) and value.dim())
+        return found
+
+    @staticmethod
+    def _get(holder: Any, key: Any) -> torch.Tensor:
+        return holder.data if key == "data" else holder[key]
+
+    @staticmethod
+    def _set(holder: Any, key: Any, value: torch.Tensor) -> None:
+        if key == "data":
+            holder.data = value
+        else:
+            holder[key] = value
+
+    def offload(self) -> None:
+        pin = self.device.type == "cuda"
+        for i, (holder, key) in enumerate(self._tensors()):
+            tensor = self._get(holder, key)
+            host = self.host.get(i)
+            if host is None or host.shape != tensor.shape or host.dtype != tensor.dtype:
+                host = self.host[i] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
+            host.copy_(tensor, non_blocking=pin)
+            self._set(holder, key, host)
+        if pin:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+    def reload(self) -> None:
+        for i, (holder, key) in enumerate(self._tensors()):
+            self._set(holder, key, self.host[i].to(self.device, non_blocking=True))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
 class Actor:
     """Recomputes log-probs and applies the GRPO update through DeepSpeed."""
 
@@ -69,9 +120,13 @@ class Actor:
                 policy = build(True)
         else:
             policy = build(False)
+        if ds.activation_checkpointing:
+            policy.language_model.gradient_checkpointing_enable({"use_reentrant": False})
         optimizer = torch.optim.AdamW(policy.parameters(), lr=algo.lr, weight_decay=algo.weight_decay)
         self.engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=self.ds_config)
         self.zero_stage = ds.zero_stage
+        self.states_offloaded = False
+        self._state_holder = OptimizerStates(self.engine.optimizer, self.device)
 
     @property
     def policy(self) -> OFTPolicy:
@@ -110,6 +165,21 @@ class Actor:
             stats["entropy"] += entropy * share
         stats["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
         return stats
+
+    def offload_states(self) -> None:
+        """Move the optimizer's moments and fp32 master weights to CPU memory until `reload_states` (ZeRO-3).
+
+        Only the working weights' shard (what weight sync gathers) stays on the device. Pinned host buffers are
+        allocated on the first offload and reused. DeepSpeed's own `offload_states` requires its fused CUDA Adam;
+        this works for the plain torch optimizer the actor uses."""
+        if not self.states_offloaded:
+            self._state_holder.offload()
+            self.states_offloaded = True
+
+    def reload_states(self) -> None:
+        if self.states_offloaded:
+            self._state_holder.reload()
+            self.states_offloaded = False
 
     def save(self, directory: str, tag: str, client_state: dict) -> None:
         self.engine.save_checkpoint(directory, tag=tag, client_state=client_state)

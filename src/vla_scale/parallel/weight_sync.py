@@ -9,25 +9,28 @@ Each rank hashes what it pushed and what its engine holds afterwards; a mismatch
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import deepspeed
-import torch
 from torch import Tensor, nn
 
-from vla_scale.rollout.engine import RolloutEngine, weights_checksum
+from vla_scale.checksum import checksum_of, fingerprint_entry
+
+if TYPE_CHECKING:
+    from vla_scale.rollout.engine import RolloutEngine
 
 
 @dataclass
 class SyncReport:
     version: int
     checksum: str
-    seconds: float
+    seconds: float  # the whole sync: gathers, copies and the checksum comparison
     bytes: int
     buckets: int
+    verify_seconds: float = 0.0  # of which: fingerprinting the engine's weights and comparing
 
 
 def _param_bytes(param: nn.Parameter) -> int:
@@ -38,7 +41,8 @@ def _param_bytes(param: nn.Parameter) -> int:
 def gathered_buckets(module: nn.Module, bucket_mb: float) -> Iterator[list[tuple[str, Tensor]]]:
     """Yield lists of (name, full tensor), each at most `bucket_mb` (a larger single tensor is its own bucket).
 
-    The tensors are valid only until the next item is requested: consumers copy them.
+    The tensors are valid only until the next item is requested: consumers copy them. Under ZeRO-3 every trainer
+    rank must walk the same buckets (each gather is a collective).
     """
     limit = bucket_mb * 2**20
     bucket: list[tuple[str, nn.Parameter]] = []
@@ -63,31 +67,35 @@ def _gather(bucket: list[tuple[str, nn.Parameter]]) -> Iterator[list[tuple[str, 
         yield [(name, p.data) for name, p in bucket]
 
 
+class Fingerprints:
+    """Collects the fingerprints of what was sent, bucket by bucket, into one checksum."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, Tensor]] = []
+
+    def add(self, bucket: list[tuple[str, Tensor]]) -> None:
+        self.entries.extend(fingerprint_entry(name, t) for name, t in bucket)
+
+    def checksum(self) -> str:
+        return checksum_of(self.entries)
+
+
 def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_mb: float) -> SyncReport:
     """Push every parameter of `module` into `engine` bucket by bucket; raise if the checksums differ."""
     start = time.perf_counter()
-    pushed: list[tuple[str, Tensor]] = []
+    sent = Fingerprints()
     total = buckets = 0
     for bucket in gathered_buckets(module, bucket_mb):
         engine.update_weights_from_tensor(bucket, version)
-        pushed.extend((name, _digest_tensor(name, t)) for name, t in bucket)
+        sent.add(bucket)
         total += sum(t.numel() * t.element_size() for _, t in bucket)
         buckets += 1
-    actor_sum = _combine(pushed)
-    engine_sum = _combine([(n, _digest_tensor(n, p)) for n, p in engine.policy.named_parameters()])
+    verify_start = time.perf_counter()
+    actor_sum, engine_sum = sent.checksum(), engine.checksum()
     if actor_sum != engine_sum:
         raise RuntimeError(
             f"weight sync v{version}: rollout engine checksum {engine_sum} != actor checksum {actor_sum}; "
             "the engine's weights differ from the actor's (parameter names or dtypes out of step?)"
         )
-    return SyncReport(version, actor_sum, time.perf_counter() - start, total, buckets)
-
-
-def _digest_tensor(name: str, tensor: Tensor) -> Tensor:
-    """A tiny tensor standing for the exact bytes of `tensor` (so buckets can be hashed as they pass)."""
-    digest = weights_checksum([(name, tensor)])
-    return torch.frombuffer(bytearray(bytes.fromhex(digest)), dtype=torch.uint8)
-
-
-def _combine(digests: list[tuple[str, Tensor]]) -> str:
-    return weights_checksum(digests) if digests else hashlib.blake2b(b"", digest_size=16).hexdigest()
+    end = time.perf_counter()
+    return SyncReport(version, actor_sum, end - start, total, buckets, end - verify_start)

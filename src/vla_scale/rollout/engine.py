@@ -12,7 +12,6 @@ actions are the same code for both. `benchmarks/decode.py` measures both and the
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -21,7 +20,9 @@ import torch
 from torch import Tensor
 
 from vla_scale.algo import logprobs_from_logits
+from vla_scale.checksum import weights_checksum
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
+from vla_scale.parallel.update_group import UpdateGroup, bucket_nbytes, unflatten
 from vla_scale.rollout.fast_forward import FastForward, trim_text
 
 
@@ -33,16 +34,6 @@ class Decoded:
     logprobs: np.ndarray  # float32[B, chunk*action_dim]
     actions: np.ndarray  # float32[B, chunk, action_dim], normalised to [-1, 1]
     version: int
-
-
-def weights_checksum(named_tensors: Iterable[tuple[str, Tensor]]) -> str:
-    """Hash of names, shapes, dtypes and exact bytes, in name order: equal iff the weights are identical."""
-    digest = hashlib.blake2b(digest_size=16)
-    for name, tensor in sorted(named_tensors, key=lambda item: item[0]):
-        t = tensor.detach().contiguous().cpu()
-        digest.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return digest.hexdigest()
 
 
 class RolloutEngine:
@@ -65,6 +56,10 @@ class RolloutEngine:
         self.fast = FastForward(self.policy, on_gpu if compile is None else compile) if use_fast else None
         self.pin_memory = on_gpu if pin_memory is None else pin_memory
         self._staging: dict[str, Tensor] = {}
+        self.update_groups: dict[str, UpdateGroup] = {}  # weight updates from other processes, by group name
+        self.released = False
+        self._awaiting_sync = False  # after resume_memory_occupation, until weights arrive
+        self._shapes: list[torch.Size] = []
 
     def _to_device(self, name: str, tensor: Tensor) -> Tensor:
         """Host tensor -> device; through a reused page-locked buffer when `pin_memory` (the previous decode's copy
@@ -93,6 +88,9 @@ class RolloutEngine:
     @torch.no_grad()
     def decode(self, batch: PolicyInputs, temperature: float, greedy: bool = False) -> Decoded:
         """Sample (or take the argmax of) every action token of the chunk in one forward pass."""
+        if self.released or self._awaiting_sync:
+            raise RuntimeError("the rollout engine holds no weights: sync them from the actor before decoding "
+                               "(after resume_memory_occupation every weight must be pushed again)")
         raw = self.logits(self.inputs(batch))
         logits = raw / temperature
         if greedy:
@@ -117,6 +115,44 @@ class RolloutEngine:
                 raise ValueError(f"weight sync shape mismatch for {name}: engine {target.shape} vs {tensor.shape}")
             target.copy_(tensor.to(target.device, target.dtype))
         self.version = version
+        self._awaiting_sync = False
+
+    # ---- weights from another process (layout and protocol: parallel/update_group.py) ------------------------------
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str = "weight_update", backend: str = "gloo") -> None:
+        """Join the trainer's update group as group rank `rank_offset`; returns once every member has joined."""
+        self.update_groups[group_name] = UpdateGroup.connect(master_address, master_port, rank_offset, world_size,
+                                                             backend, group_name)
+
+    @torch.no_grad()
+    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[tuple[int, ...]],
+                                        version: int, group_name: str = "weight_update") -> int:
+        """Receive one bucket that the trainer's rank 0 broadcasts and copy it in; returns its size in bytes."""
+        group = self.update_groups[group_name]
+        flat = group.broadcast(torch.empty(bucket_nbytes(dtypes, shapes), dtype=torch.uint8, device=group.device))
+        self.update_weights_from_tensor(unflatten(flat, names, dtypes, shapes), version)
+        return flat.numel()
+
+    # ---- sharing a GPU with the actor -------------------------------------------------------------------------------
+    def release_memory_occupation(self) -> None:
+        """Free the device memory of the weights while the actor trains; the next sync refills them."""
+        if self.released:
+            return
+        self._shapes = [p.shape for p in self.policy.parameters()]
+        for p in self.policy.parameters():
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self.released = True
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def resume_memory_occupation(self) -> None:
+        """Take the weights' memory back (contents undefined until the next weight sync, which must follow)."""
+        if not self.released:
+            return
+        for p, shape in zip(self.policy.parameters(), self._shapes, strict=True):
+            p.data = torch.empty(shape, dtype=p.dtype, device=p.device)
+        self.released = False
+        self._awaiting_sync = True
 
     def checksum(self) -> str:
         return weights_checksum(self.policy.named_parameters())

@@ -1,0 +1,92 @@
+"""Colocated memory options of the actor (ZeRO-3 on CPU here) and the rollout engine: same training, less held."""
+
+import numpy as np
+import pytest
+import torch
+
+from vla_scale.checksum import weights_checksum
+from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
+from vla_scale.envs.reach import instructions
+from vla_scale.models import Processor, WordTokenizer, build_policy
+from vla_scale.parallel.actor import Actor, init_distributed
+from vla_scale.parallel.weight_sync import gathered_buckets, sync_weights
+from vla_scale.rollout.engine import RolloutEngine
+
+CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=2, num_heads=2,
+                  intermediate_size=64, chunk_len=4)
+TOK = WordTokenizer.from_instructions(instructions())
+
+
+def _batch(seed: int):
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
+    proprio = rng.uniform(-1, 1, (4, CFG.proprio_dim)).astype(np.float32)
+    return Processor(CFG, TOK).from_arrays(images, [instructions()[seed % 3]] * 4, proprio)
+
+
+def _micro_batches(seed: int):
+    rng = np.random.default_rng(seed)
+    k = CFG.chunk_len * 7
+    tokens = torch.from_numpy(rng.integers(0, 256, (4, k)))
+    return [(_batch(seed), tokens, torch.full((4, k), -5.5), torch.tensor([1.0, -1.0, 0.5, -0.5]))]
+
+
+def _train(ds: DeepSpeedConfig, offload_between_updates: bool = False) -> tuple[list[dict], str, Actor]:
+    init_distributed()
+    torch.manual_seed(0)
+    actor = Actor(lambda zero3: build_policy(CFG, TOK, zero3), ds, AlgoConfig(micro_batches=1))
+    stats = []
+    for step in range(3):
+        actor.reload_states()
+        stats.append(actor.update(_micro_batches(step)))
+        if offload_between_updates:
+            actor.offload_states()
+    full = weights_checksum([(n, t.clone()) for b in gathered_buckets(actor.policy, 1) for n, t in b])
+    return stats, full, actor
+
+
+@pytest.fixture(scope="module")
+def reference():
+    stats, full, _ = _train(DeepSpeedConfig(zero_stage=3))
+    return stats, full
+
+
+def test_offloaded_optimizer_states_train_exactly_as_resident_ones(reference):
+    stats, full, actor = _train(DeepSpeedConfig(zero_stage=3), offload_between_updates=True)
+    assert actor.states_offloaded
+    held = {t.data_ptr() for t in actor._state_holder.host.values()}
+    inner = actor.engine.optimizer.optimizer
+    moments = [v for state in inner.state.values() for v in state.values() if torch.is_tensor(v) and v.dim()]
+    masters = list(actor.engine.optimizer.fp32_partitioned_groups_flat)
+    assert moments and all(t.data_ptr() in held for t in moments + masters)  # they live in the host buffers now
+    assert (stats, full) == reference
+
+
+def test_activation_checkpointing_recomputes_and_trains_the_same(reference):
+    stats, full, actor = _train(DeepSpeedConfig(zero_stage=3, activation_checkpointing=True))
+    assert actor.policy.language_model.is_gradient_checkpointing
+    assert (stats, full) == reference
+
+
+def test_offloaded_parameters_train_the_same(reference):
+    assert _train(DeepSpeedConfig(zero_stage=3, offload_param=True))[:2] == reference
+
+
+def test_released_engine_refuses_to_decode_until_a_sync_refills_it():
+    init_distributed()
+    torch.manual_seed(0)
+    actor = Actor(lambda zero3: build_policy(CFG, TOK, zero3), DeepSpeedConfig(zero_stage=3),
+                  AlgoConfig(micro_batches=1))
+    engine = RolloutEngine(build_policy(CFG, TOK))
+    sync_weights(actor.policy, engine, 1, bucket_mb=1)
+    before = engine.decode(_batch(0), temperature=1.0, greedy=True)
+    engine.release_memory_occupation()
+    assert sum(p.numel() for p in engine.policy.parameters()) == 0
+    with pytest.raises(RuntimeError, match="holds no weights"):
+        engine.decode(_batch(0), temperature=1.0, greedy=True)
+    engine.resume_memory_occupation()
+    with pytest.raises(RuntimeError, match="sync them"):
+        engine.decode(_batch(0), temperature=1.0, greedy=True)
+    sync_weights(actor.policy, engine, 2, bucket_mb=1)
+    after = engine.decode(_batch(0), temperature=1.0, greedy=True)
+    assert np.array_equal(before.tokens, after.tokens) and after.version == 2
