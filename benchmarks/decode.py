@@ -10,10 +10,13 @@ median of several after warm-up. Printed:
 1. the bf16 matmul rate measured here (8192^3, random data) and at the model's own GEMM shapes;
 2. agreement of the fast bf16 path with the plain fp32 path on the same weights (greedy tokens, sampled tokens under
    the same generator seed, log-probs of the sampled tokens, logits), next to the plain bf16 path's;
-3. per batch size: sequence length, matmul FLOPs of the fast path, the floor (FLOPs / measured rate), the fast
-   path's time, chunks/s and peak memory, and the plain (SDPA) path's time; the plain path with eager attention at
-   B=8 (transformers' eager attention, prompts padded to the longest of the batch, as HF-based stacks decode);
-4. where the fast path's time goes at B=64: stage times and GPU kernel time by kind (torch.profiler).
+3. per batch size: sequence length, matmul FLOPs of the padded batch (every row at the longest prompt's length),
+   the floor (those FLOPs / measured rate), the fast path's time, its ratio to that floor and to the floor of the
+   positions it actually runs (each row at its own length: the packed path skips the pads), chunks/s and peak
+   memory, and the plain (SDPA) path's time; the plain path with eager attention at B=8 (transformers' eager
+   attention, prompts padded to the longest of the batch, as HF-based stacks decode);
+4. where the fast path's time goes at B=64: stage times, GPU kernel time by kind (torch.profiler), and the SDPA
+   backends on one Llama layer's attention.
 
 Last line: `decode: b64_over_floor=<x.xx> chunks_per_s_vs_eager_b8=<y.yy>`.
 """
@@ -150,6 +153,13 @@ def sequence_length(policy: OFTPolicy, batch: PolicyInputs, trimmed: bool = True
     return policy.vision_backbone.patches_per_image + proprio + text + policy.num_action_tokens + 1
 
 
+def packed_flops(policy: OFTPolicy, batch: PolicyInputs) -> int:
+    """FLOPs of the positions the packed fast path runs: each row at its own prompt length."""
+    seq = sequence_length(policy, batch)
+    lengths = batch.attention_mask.sum(dim=1)
+    return sum(decode_flops(policy, seq - int(lengths.max() - n))["total"] for n in lengths)
+
+
 # ---- agreement -------------------------------------------------------------------------------------------------------
 def agreement(fast: RolloutEngine, plain: RolloutEngine, ref: RolloutEngine, batch: PolicyInputs) -> dict[str, float]:
     """Fast bf16 and plain bf16 against the plain fp32 path on the same weights (and fast against plain bf16)."""
@@ -211,14 +221,14 @@ def profile_kinds(fn: Callable[[], Any]) -> tuple[dict[str, float], list[tuple[s
         kinds[kernel_kind(event.key)] += seconds
         kernels.append((event.key, seconds))
     kernels.sort(key=lambda item: -item[1])
-    return dict(kinds), kernels[:10]
+    return dict(kinds), kernels[:25]
 
 
 @torch.no_grad()
 def where_time_goes(fast: RolloutEngine, policy: OFTPolicy, x: PolicyInputs, repeats: int
                     ) -> tuple[dict[str, float], dict[str, float], list[tuple[str, float]]]:
-    """Stage times of the fast path (host copy, towers, whole forward compiled and not, whole decode) and its GPU
-    kernel time by kind."""
+    """Stage times of the fast path (host copy, towers on two streams and on one, whole forward compiled and not,
+    whole decode) and its GPU kernel time by kind."""
     assert fast.fast is not None
     stages: dict[str, float] = {}
     on_device = fast.inputs(x)
@@ -228,12 +238,34 @@ def where_time_goes(fast: RolloutEngine, policy: OFTPolicy, x: PolicyInputs, rep
     fast.pin_memory = DEVICE == "cuda"
     pixels = on_device.pixel_values.to(policy.projector.fc1.weight.dtype)
     stages["vision towers"] = median_seconds(lambda: fast.fast.vision(pixels), repeats)
+    fast.fast.side_by_side = False
+    stages["vision towers, one stream"] = median_seconds(lambda: fast.fast.vision(pixels), repeats)
+    fast.fast.side_by_side = True
     stages["forward (towers..bins)"] = median_seconds(lambda: fast.logits(on_device), repeats)
+    kinds, kernels = profile_kinds(lambda: fast.logits(on_device))
     eager = RolloutEngine(policy, DEVICE, seed=0, fast=True, compile=False)
     stages["forward, not compiled"] = median_seconds(lambda: eager.logits(on_device), repeats)
     stages["decode (all)"] = median_seconds(lambda: fast.decode(x, TEMPERATURE), repeats)
-    kinds, kernels = profile_kinds(lambda: fast.logits(on_device))
     return stages, kinds, kernels
+
+
+def sdpa_backends(batch: int, seq: int, heads: int = 32, dim: int = 128) -> dict[str, float]:
+    """Seconds of one bidirectional Llama attention [batch, heads, seq, dim] (bf16, no mask, the packed path's layout)
+    per SDPA backend, median of 20."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (torch.randn(batch, seq, heads, dim, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2)
+               for _ in range(3))
+    out = {}
+    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            with sdpa_kernel(backend):
+                out[backend.name] = median_seconds(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+                                                   20, warmup=3)
+        except RuntimeError as error:
+            out[backend.name] = float("nan")
+            print(f"{backend.name}: {str(error)[:120]}")
+    return out
 
 
 def gap_table(stages: dict[str, float], kinds: dict[str, float], flops: dict[str, int], rate: float
@@ -249,8 +281,8 @@ def gap_table(stages: dict[str, float], kinds: dict[str, float], flops: dict[str
                 gemm - gemm_floor,
             f"attention kernels over their floor ({attention:.4f}s)": attention - flops["attention"] / rate,
             "element-wise kernels (norms, rotary, activations, adds, copies)": elementwise,
-            "between kernels (launch gaps, host work in the forward)": stages["forward (towers..bins)"] - sum(
-                kinds.values()),
+            "between kernels (launch gaps, host work in the forward; overlap of the towers counts against it)":
+                stages["forward (towers..bins)"] - sum(kinds.values()),
             "around the forward (H2D, sampling, log-probs, D2H, actions)": stages["decode (all)"] - stages[
                 "forward (towers..bins)"]}
 
@@ -338,6 +370,7 @@ def main() -> None:
         t_plain = median_seconds(lambda x=x: plain.decode(x, TEMPERATURE), args.repeats)
         row = {"B": batch, "T_fast": seq, "T_plain": sequence_length(policy, x, trimmed=False),
                "gflop": batch * flops["total"] / 1e9, "floor_s": batch * flops["total"] / rate, "fast_s": t_fast,
+               "packed_floor_s": packed_flops(policy, x) / rate,
                "plain_s": t_plain, "peak_gib": peak, "flops_split": {k: batch * v for k, v in flops.items()}}
         rows.append(row)
         print(f"B={batch}: fast {t_fast:.3f}s floor {row['floor_s']:.3f}s plain {t_plain:.3f}s", flush=True)
@@ -353,32 +386,37 @@ def main() -> None:
     report["eager_b8_s"], report["eager_b8_padded64_s"] = t_eager, t_eager_padded
 
     stage_batch = 64 if 64 in args.batches else args.batches[-1]
-    stages, kinds, kernels = where_time_goes(fast, policy, make_inputs(processor, cfg, stage_batch, seed=64),
-                                             args.repeats)
+    x64 = make_inputs(processor, cfg, stage_batch, seed=64)
+    stages, kinds, kernels = where_time_goes(fast, policy, x64, args.repeats)
     report["stages_b64"], report["kernel_kinds_b64"], report["top_kernels_b64"] = stages, kinds, kernels
+    report["sdpa_backends_b64"] = sdpa_backends(stage_batch, sequence_length(policy, x64)) if DEVICE == "cuda" else {}
 
     print()
     print(f"bf16 matmul rate measured here: {rate / 1e12:.0f} TFLOP/s (8192^3, random data, median of 20, first work "
           f"of the run; {sustained / 1e12:.0f} sustained); floor = matmul and attention FLOPs / that rate")
-    print(f"{'B':>4} {'T':>4} {'TFLOP':>7} {'floor s':>8} {'fast s':>8} {'/floor':>7} {'chunks/s':>9} {'peak GiB':>9}"
-          f" {'plain s':>8} {'T plain':>8}")
+    print(f"{'B':>4} {'T':>4} {'TFLOP':>7} {'floor s':>8} {'fast s':>8} {'/floor':>7} {'/packed':>8} {'chunks/s':>9}"
+          f" {'peak GiB':>9} {'plain s':>8} {'T plain':>8}")
     for r in rows:
         print(f"{r['B']:>4} {r['T_fast']:>4} {r['gflop'] / 1e3:>7.1f} {r['floor_s']:>8.3f} {r['fast_s']:>8.3f} "
-              f"{r['fast_s'] / r['floor_s']:>7.2f} {r['B'] / r['fast_s']:>9.1f} {r['peak_gib']:>9.1f} "
-              f"{r['plain_s']:>8.3f} {r['T_plain']:>8}")
+              f"{r['fast_s'] / r['floor_s']:>7.2f} {r['fast_s'] / r['packed_floor_s']:>8.2f} "
+              f"{r['B'] / r['fast_s']:>9.1f} {r['peak_gib']:>9.1f} {r['plain_s']:>8.3f} {r['T_plain']:>8}")
     b64 = next((r for r in rows if r["B"] == 64), rows[-1])
     fast_rate = b64["B"] / b64["fast_s"]
     print(f"eager attention (plain path, bf16) B=8: {t_eager:.3f}s = {8 / t_eager:.1f} chunks/s with prompts padded to "
           f"the batch's longest (fast B={b64['B']}: {fast_rate / (8 / t_eager):.2f}x); padded to max_text_len as the "
           f"Processor gives them: {t_eager_padded:.3f}s = {8 / t_eager_padded:.1f} chunks/s "
           f"({fast_rate / (8 / t_eager_padded):.2f}x)")
+    print("(/packed: against the floor of the positions the packed path runs, each row at its own prompt length)")
     print(f"fast B={b64['B']} against the sustained rate's floor: "
           f"{b64['fast_s'] / (b64['floor_s'] * rate / sustained):.2f}x")
     print(f"fast path at B={stage_batch}, seconds: " + ", ".join(f"{k} {v:.4f}" for k, v in stages.items()))
+    if report["sdpa_backends_b64"]:
+        print(f"SDPA at B={stage_batch}, one Llama layer (bf16, no mask), seconds: "
+              + ", ".join(f"{k} {v:.5f}" for k, v in report["sdpa_backends_b64"].items()))
     total = sum(kinds.values())
     print(f"GPU kernel time by kind at B={stage_batch} (one forward, {total:.4f}s): "
           + ", ".join(f"{k} {v:.4f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])))
-    for name, seconds in kernels:
+    for name, seconds in kernels[:15]:
         print(f"  {seconds:.4f}s  {name[:110]}")
     gap = gap_table(stages, kinds, next(r for r in rows if r["B"] == stage_batch)["flops_split"], rate)
     report["gap_b64"] = gap

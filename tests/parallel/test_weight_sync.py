@@ -3,12 +3,12 @@
 import pytest
 import torch
 
+from vla_scale.checksum import weights_checksum
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import WordTokenizer, build_policy
 from vla_scale.parallel.actor import Actor, init_distributed
 from vla_scale.parallel.weight_sync import gathered_buckets, sync_weights
-from vla_scale.checksum import weights_checksum
 from vla_scale.rollout.engine import RolloutEngine
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,

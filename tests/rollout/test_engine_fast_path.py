@@ -3,7 +3,9 @@
 Greedy tokens equal, sampled tokens equal under the same generator seed, log-probs and logits equal to float32
 rounding; covered: our own tower and learned action queries (both attention modes), and the official layout with
 fused DINOv2-like + SigLIP-like towers (layer scale, registers, tanh GELU), grouped-query attention, proprio and two
-images per example, with prompts of different lengths in one batch.
+images per example, with prompts of different lengths in one batch (several packed groups) and of one length (one
+group), before and after a weight sync. The packing's index arithmetic is checked on its own; the towers on two
+CUDA streams only where a GPU is (marked `gpu`).
 """
 
 from dataclasses import replace
@@ -20,6 +22,7 @@ from vla_scale.models.processor import PolicyInputs
 from vla_scale.models.spec import spec_from_openvla
 from vla_scale.models.vision import ViTSpec
 from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.rollout.fast_forward import Packing, pack_index
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=2, num_heads=2,
                   intermediate_size=64, chunk_len=4, ordinal_bin_init=1.0, max_text_len=40)
@@ -107,3 +110,56 @@ def test_fast_decode_gives_the_plain_tokens_log_probs_and_actions(engines, greed
     np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=0, atol=2e-5)
     np.testing.assert_array_equal(got.actions, want.actions)
 
+
+
+def test_packing_groups_rows_by_prompt_length():
+    packing = Packing.of([5, 3, 5, 4, 3, 5])
+    assert packing.groups == ((2, 3), (1, 4), (3, 5))
+    assert packing.positions(10) == ((2, 13), (1, 14), (3, 15))
+
+
+def test_pack_index_lists_each_rows_real_positions_in_length_order():
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.randint(1, 9, (7,), generator=g)
+    width = int(lengths.max()) + 2
+    valid = torch.arange(width) < lengths[:, None]
+    order, flat, positions, starts = pack_index(valid, int(lengths.sum()))
+    assert torch.equal(lengths[order], lengths[order].sort().values)
+    want = torch.cat([row * width + torch.arange(int(lengths[row])) for row in order.tolist()])
+    assert torch.equal(flat, want)
+    assert torch.equal(positions, want % width)
+    assert torch.equal(starts, torch.cumsum(lengths[order], 0) - lengths[order])
+
+
+@pytest.mark.parametrize("attention", ["bidirectional", "causal"])
+def test_fast_logits_with_one_prompt_length_and_after_a_weight_sync(attention):
+    """One run of equal-length rows (a single attention call), then new weights: the fast path reads them."""
+    policy, batch = tiny_case(attention)
+    batch = PolicyInputs(batch.pixel_values, batch.input_ids[:1].expand(5, -1).clone(),
+                         batch.attention_mask[:1].expand(5, -1).clone(), batch.proprio)
+    plain, fast = RolloutEngine(policy, seed=7), RolloutEngine(policy, seed=7, fast=True)
+    g = torch.Generator().manual_seed(5)
+    new = {name: p + 0.05 * torch.randn(p.shape, generator=g) for name, p in policy.named_parameters()}
+    results = []
+    for step in range(2):
+        with torch.no_grad():
+            want, got = plain.logits(plain.inputs(batch)), fast.logits(fast.inputs(batch))
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+        results.append(got)
+        plain.update_weights_from_tensor(new.items(), step + 1)
+        fast.update_weights_from_tensor(new.items(), step + 1)
+    assert (results[0] - results[1]).abs().max() > 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_towers_side_by_side_on_two_streams_give_the_one_stream_logits():
+    policy, batch = official_case()
+    engine = RolloutEngine(policy, "cuda", seed=7, fast=True, compile=False)
+    x = engine.inputs(batch)
+    with torch.no_grad():
+        assert engine.fast is not None and engine.fast.side_by_side
+        got = engine.logits(x)
+        engine.fast.side_by_side = False
+        want = engine.logits(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

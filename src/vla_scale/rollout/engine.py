@@ -4,10 +4,16 @@ The engine never shares tensors with the actor: weights arrive through `update_w
 every output carries the policy version it was decoded with, so stale samples can be told apart.
 
 Two ways to compute the logits: the policy's own forward (`fast=False`, the default on CPU, bitwise what the actor
-recomputes) and `FastForward` (`rollout/fast_forward.py`: trimmed prompt padding, compiled blocks, only the rows and
-bins that are read), the default on CUDA. The fast logits equal the plain ones up to rounding (the kernels differ),
-so on the GPU the first PPO ratio of a step is 1 within bf16 noise rather than exactly 1; sampling, log-probs and
-actions are the same code for both. `benchmarks/decode.py` measures both and their agreement.
+recomputes) and `FastForward` (`rollout/fast_forward.py`: trimmed prompts, the decoder on packed real positions with
+unmasked attention, compiled blocks, only the rows and bins that are read), the default on CUDA. The fast logits equal
+the plain ones up to rounding (the kernels differ), so on the GPU the first PPO ratio of a step is 1 within bf16 noise
+rather than exactly 1; sampling, log-probs and actions are the same code for both. `benchmarks/decode.py` measures
+both and their agreement.
+
+Weights arrive from the actor in the same process (`update_weights_from_tensor`) or from trainer rank 0 over an
+update group (`init_weights_update_group` / `update_weights_from_distributed`, `parallel/update_group.py`). When the
+engine shares a GPU with the actor, `release_memory_occupation` frees its weights during the update and
+`resume_memory_occupation` takes the memory back for the sync that follows.
 """
 
 from __future__ import annotations

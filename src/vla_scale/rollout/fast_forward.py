@@ -3,25 +3,31 @@
 What differs from the policy's own (plain) forward, and why each keeps the function the same:
 
 - **Trimmed text.** `Processor` pads every prompt to `max_text_len`; the plain pass runs all those pad positions.
-  Here the prompt columns are cut to the longest prompt of the batch first. Examples are right-padded and pads are
-  masked keys whose own outputs are never read, so no real position changes its inputs or its rotary position.
-- **Free functions per block.** A ViT block and a Llama decoder layer are written as functions of their weights,
-  so `torch.compile` traces each kind of block once (batch and sequence sizes dynamic) and every layer reuses the
-  compiled code; the compiled code fuses each norm, rotary embedding, activation and residual add into one pass.
-  The arithmetic follows transformers' Llama (RMSNorm in float32, cast back before the weight) and the towers in
-  `models/vision.py` (same ops, same order).
+  Here the prompt columns are cut to the longest prompt of the batch first (`trim_text`, on the host).
+- **Packed positions, no mask.** Every row's real positions (BOS, patches, proprio, prompt, slots, stop) come first
+  in it and pads after, and pad outputs are never read. So the decoder runs on the real positions only, packed into
+  one [N, D] matrix (rows ordered by length), and attention runs once per run of equal-length rows as a dense SDPA
+  call with no mask (`is_causal` for causal policies): the fused kernels take it as is, and no real position sees a
+  different set of keys or gets a different rotary position than in the plain pass.
+- **Free functions per block.** A ViT block and the parts of a Llama decoder layer are written as functions of their
+  weights, so `torch.compile` traces each once (batch and sequence sizes dynamic) and every layer reuses the compiled
+  code; it fuses each norm, rotary embedding and activation into one pass. The arithmetic follows transformers' Llama
+  (RMSNorm in float32, cast back before the weight) and the towers in `models/vision.py` (same ops, same order).
+- **Residual adds in the GEMM.** The output and down projections accumulate into the residual stream in place
+  (`addmm_`), so no separate add kernel reads and writes it again.
 - **Only what is read.** The last decoder layer computes keys and values for all positions but queries, output
   projection and MLP only for the rows whose logits are read (one per action slot); the final norm runs on those rows
   and the LM head multiplies only its `n_bins` action rows.
-- **Aligned mask.** The additive attention mask is allocated with its key axis padded to a multiple of 16 and then
-  sliced, so the fused SDPA kernels take it as is instead of padding a copy of it in every layer.
+- **Towers side by side.** On a GPU the two towers of a fused backbone run on two streams, block by block, so one
+  tower's memory-bound kernels and kernel tails overlap the other's matrix products.
 
 Without `compile` the same functions run eagerly (the CPU equivalence test runs them so).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +38,7 @@ from vla_scale.models.policy import OFTPolicy
 from vla_scale.models.vision import ViT
 
 Weights = tuple[Tensor | None, ...]
+Groups = tuple[tuple[int, int], ...]  # (rows, positions per row) for each run of equal-length rows, in packed order
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -67,45 +74,108 @@ def vit_block(x: Tensor, w: Weights, heads: int, eps: float, act: str) -> Tensor
     return x + (h if ls2 is None else h * ls2)
 
 
-def _attention(h_q: Tensor, h_kv: Tensor, w: Weights, cos_q: Tensor, sin_q: Tensor, cos: Tensor, sin: Tensor,
-               bias: Tensor, heads: int, kv_heads: int) -> Tensor:
-    """Llama self-attention of the query rows `h_q` [B, Q, D] over the positions `h_kv` [B, T, D] (already normed)."""
-    _, wq, bq, wk, bk, wv, bv, wo, bo = w[:9]
-    b, nq, _ = h_q.shape
-    t = h_kv.shape[1]
-    q = F.linear(h_q, wq, bq).view(b, nq, heads, -1).transpose(1, 2)
-    k = F.linear(h_kv, wk, bk).view(b, t, kv_heads, -1).transpose(1, 2)
-    v = F.linear(h_kv, wv, bv).view(b, t, kv_heads, -1).transpose(1, 2)
-    q = q * cos_q.unsqueeze(1) + _rotate_half(q) * sin_q.unsqueeze(1)
-    k = k * cos.unsqueeze(1) + _rotate_half(k) * sin.unsqueeze(1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=kv_heads != heads)
-    return F.linear(out.transpose(1, 2).reshape(b, nq, -1), wo, bo)
+def _rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding of packed heads x [N, H, hd] at positions whose cos, sin are [N, hd]."""
+    return x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)
 
 
-def _mlp(x: Tensor, w: Weights, eps: float) -> Tensor:
-    ln2, wg, bg, wu, bu, wd, bd = w[9:]
-    h = _rms_norm(x, ln2, eps)
-    return x + F.linear(F.silu(F.linear(h, wg, bg)) * F.linear(h, wu, bu), wd, bd)
-
-
-def llama_layer(x: Tensor, cos: Tensor, sin: Tensor, bias: Tensor, w: Weights, heads: int, kv_heads: int,
-                eps: float) -> Tensor:
-    """One Llama decoder layer over all positions; w = (input norm, q, q bias, k, k bias, v, v bias, o, o bias,
-    post-attention norm, gate, gate bias, up, up bias, down, down bias)."""
+def llama_qkv(x: Tensor, cos: Tensor, sin: Tensor, w: Weights, heads: int, kv_heads: int, eps: float
+              ) -> tuple[Tensor, Tensor, Tensor]:
+    """Input norm, projections and rotary embedding of packed positions x [N, D]: q [N, H, hd], k, v [N, H_kv, hd].
+    w = (input norm, q, q bias, k, k bias, v, v bias, o, o bias, post-attention norm, gate, gate bias, up, up bias,
+    down, down bias)."""
+    n = x.shape[0]
     h = _rms_norm(x, w[0], eps)
-    x = x + _attention(h, h, w, cos, sin, cos, sin, bias, heads, kv_heads)
-    return _mlp(x, w, eps)
+    q = F.linear(h, w[1], w[2]).view(n, heads, -1)
+    k = F.linear(h, w[3], w[4]).view(n, kv_heads, -1)
+    v = F.linear(h, w[5], w[6]).view(n, kv_heads, -1)
+    return _rotary(q, cos, sin), _rotary(k, cos, sin), v
 
 
-def llama_last_layer(x: Tensor, rows: Tensor, cos: Tensor, sin: Tensor, bias_rows: Tensor, w: Weights, heads: int,
-                     kv_heads: int, eps: float) -> Tensor:
-    """The last decoder layer, its output only at `rows` int64[B, K]: keys and values from every position."""
+def llama_qkv_rows(x: Tensor, read: Tensor, cos: Tensor, sin: Tensor, w: Weights, heads: int, kv_heads: int,
+                   eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`llama_qkv` for the last layer: keys and values at every position, queries only at the packed indices
+    `read` int64[R]; also returns x at `read` (the residual stream of those rows)."""
+    n = x.shape[0]
     h = _rms_norm(x, w[0], eps)
-    index = rows.unsqueeze(-1).expand(-1, -1, x.shape[-1])
-    x_rows = x.gather(1, index)
-    cos_rows, sin_rows = cos[0][rows], sin[0][rows]
-    x_rows = x_rows + _attention(h.gather(1, index), h, w, cos_rows, sin_rows, cos, sin, bias_rows, heads, kv_heads)
-    return _mlp(x_rows, w, eps)
+    k = F.linear(h, w[3], w[4]).view(n, kv_heads, -1)
+    v = F.linear(h, w[5], w[6]).view(n, kv_heads, -1)
+    q = F.linear(h.index_select(0, read), w[1], w[2]).view(read.shape[0], heads, -1)
+    q = _rotary(q, cos.index_select(0, read), sin.index_select(0, read))
+    return q, _rotary(k, cos, sin), v, x.index_select(0, read)
+
+
+def llama_mlp_in(x: Tensor, w: Weights, eps: float) -> Tensor:
+    """Post-attention norm, gate and up projections and their SiLU product: the down projection's input."""
+    h = _rms_norm(x, w[9], eps)
+    return F.silu(F.linear(h, w[10], w[11])) * F.linear(h, w[12], w[13])
+
+
+def add_linear_(x: Tensor, h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x += h @ weight.T (+ bias), in place: the residual add happens in the matrix product's epilogue."""
+    x.addmm_(h, weight.t())
+    return x if bias is None else x.add_(bias)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, groups: Groups, causal: bool, queries: Tensor | None = None
+           ) -> Iterator[tuple[slice, Tensor]]:
+    """Attention of packed rows over their own positions, q [M, H, hd], k, v [N, H_kv, hd]: yields (rows of q, their
+    output [rows, H * hd]) for each run of `rows` rows of `length` positions, one dense SDPA call without a mask each
+    (causal: `is_causal`). The caller consumes each output in place of a concatenation.
+
+    `queries` int64[B, K] (packed row order): q then holds only K query rows per row, at these positions of it (the
+    last layer), and a causal policy masks the keys after each."""
+    q_at, kv_at, row_at = 0, 0, 0
+    gqa = q.shape[1] != k.shape[1]
+    for rows, length in groups:
+        nq = length if queries is None else queries.shape[1]
+        qs = q[q_at : q_at + rows * nq].view(rows, nq, *q.shape[1:]).transpose(1, 2)
+        ks = k[kv_at : kv_at + rows * length].view(rows, length, *k.shape[1:]).transpose(1, 2)
+        vs = v[kv_at : kv_at + rows * length].view(rows, length, *v.shape[1:]).transpose(1, 2)
+        mask = None
+        if causal and queries is not None:
+            at = queries[row_at : row_at + rows, :, None]
+            mask = (torch.arange(length, device=q.device) <= at).unsqueeze(1)
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal and queries is None,
+                                           enable_gqa=gqa)
+        yield slice(q_at, q_at + rows * nq), o.transpose(1, 2).reshape(rows * nq, -1)
+        q_at, kv_at, row_at = q_at + rows * nq, kv_at + rows * length, row_at + rows
+
+
+@dataclass(frozen=True)
+class Packing:
+    """The host's view of a batch's layout: `groups` (rows, prompt tokens) per run of equal prompt lengths, shortest
+    first (the order `pack_index` packs the rows in)."""
+
+    groups: Groups
+
+    @classmethod
+    def of(cls, prompt_lengths: Sequence[int]) -> Packing:
+        runs: list[list[int]] = []
+        for length in sorted(prompt_lengths):
+            if runs and runs[-1][1] == length:
+                runs[-1][0] += 1
+            else:
+                runs.append([1, length])
+        return cls(tuple((rows, length) for rows, length in runs))
+
+    def positions(self, extra: int) -> Groups:
+        """Groups in sequence positions, each row holding `extra` positions besides its prompt tokens."""
+        return tuple((rows, length + extra) for rows, length in self.groups)
+
+
+def pack_index(valid: Tensor, total: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Packing of the real positions of valid bool[B, T] (a prefix of each row), `total` of them.
+
+    Returns `order` int64[B] (rows by number of real positions, stable), `flat` int64[N] (each packed position's index
+    in the flattened [B*T]), `positions` int64[N] (its position in its row) and `starts` int64[B] (the packed index of
+    the first position of each row, in packed order). No host sync: `total` comes from the host."""
+    b, t = valid.shape
+    lengths, order = torch.sort(valid.sum(dim=1), stable=True)
+    starts = lengths.cumsum(0) - lengths
+    row = torch.repeat_interleave(torch.arange(b, device=valid.device), lengths, output_size=total)
+    positions = torch.arange(total, device=valid.device) - starts[row]
+    return order, order[row] * t + positions, positions, starts
 
 
 def _linear(module: Any) -> tuple[Tensor, Tensor | None]:
@@ -126,16 +196,6 @@ def _llama_weights(layer: Any) -> Weights:
             *_linear(mlp.up_proj), *_linear(mlp.down_proj))
 
 
-def attention_bias(valid: Tensor, causal: bool, dtype: torch.dtype) -> Tensor:
-    """Additive mask [B, 1, T, T] (pad keys hidden; later positions too when causal), its rows 16-aligned in memory."""
-    b, t = valid.shape
-    allowed = valid[:, None, None, :].expand(-1, 1, t, -1)
-    if causal:
-        allowed = allowed & torch.ones(t, t, dtype=torch.bool, device=valid.device).tril()
-    padded = torch.empty(b, 1, t, -(-t // 16) * 16, dtype=dtype, device=valid.device)[..., :t]
-    return padded.copy_(torch.where(allowed, 0.0, torch.finfo(dtype).min))
-
-
 def trim_text(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
     """Cut the right padding shared by every prompt of the batch (the mask may live on the host: no sync then)."""
     longest = int(attention_mask.sum(dim=1).max())
@@ -143,9 +203,10 @@ def trim_text(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor
 
 
 class FastForward:
-    """`policy.action_logits` (bins only) the fast way; `compile=True` runs the blocks through `torch.compile`."""
+    """`policy.action_logits` (bins only) the fast way; `compile=True` runs the blocks through `torch.compile`;
+    `side_by_side` (on a GPU) runs two towers on two streams."""
 
-    def __init__(self, policy: OFTPolicy, compile: bool = False):
+    def __init__(self, policy: OFTPolicy, compile: bool = False, side_by_side: bool = True):
         if not self.supports(policy):
             raise ValueError("the fast forward implements Llama's silu MLP and bin logits; this policy has "
                              f"hidden_act={policy.language_model.config.hidden_act!r}")
@@ -156,7 +217,10 @@ class FastForward:
         self.eps = config.rms_norm_eps
         self.causal = policy.spec.attention == "causal"
         wrap: Callable[[Callable], Callable] = (lambda f: torch.compile(f)) if compile else (lambda f: f)
-        self._vit_block, self._layer, self._last = wrap(vit_block), wrap(llama_layer), wrap(llama_last_layer)
+        self._vit_block, self._qkv, self._qkv_rows = wrap(vit_block), wrap(llama_qkv), wrap(llama_qkv_rows)
+        self._mlp_in = wrap(llama_mlp_in)
+        self.side_by_side = side_by_side
+        self._side: torch.cuda.Stream | None = None
 
     @staticmethod
     def supports(policy: OFTPolicy) -> bool:
@@ -168,49 +232,106 @@ class FastForward:
             for tensor, dim in dims:
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
-    def tower(self, vit: ViT, pixels: Tensor) -> Tensor:
+    def _tower_steps(self, vit: ViT, pixels: Tensor) -> Iterator[Tensor]:
+        """A tower one block per step (`ViT.forward`); the last step yields its patch features."""
         x = vit.norm_pre(vit._prefix_and_positions(vit.patch_embed(pixels)))
         spec = vit.spec
         for block in vit.blocks[: spec.blocks_run]:
             self._dynamic((x, 0))
             x = self._vit_block(x, _vit_weights(block), spec.num_heads, spec.norm_eps, spec.act)
-        if spec.norm_features:
-            x = vit.norm(x)
-        return x[:, spec.num_prefix_tokens :]
+            yield x
+        yield (vit.norm(x) if spec.norm_features else x)[:, spec.num_prefix_tokens :]
+
+    def tower(self, vit: ViT, pixels: Tensor) -> Tensor:
+        *_, features = self._tower_steps(vit, pixels)
+        return features
+
+    def _towers_side_by_side(self, first: Iterator[Tensor], second: Iterator[Tensor]) -> tuple[Tensor, Tensor]:
+        """Both towers' steps alternately, the second on a side stream (enqueued in lockstep, so both run at once)."""
+        main = torch.cuda.current_stream()
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        self._side.wait_stream(main)
+        steps: list[tuple[Iterator[Tensor], torch.cuda.Stream]] = [(first, main), (second, self._side)]
+        last: list[Tensor | None] = [None, None]
+        while steps:
+            for pair in list(steps):
+                with torch.cuda.stream(pair[1]):
+                    x = next(pair[0], None)
+                if x is None:
+                    steps.remove(pair)
+                else:
+                    last[pair[1] is self._side] = x
+        main.wait_stream(self._side)
+        assert last[0] is not None and last[1] is not None
+        last[1].record_stream(main)
+        return last[0], last[1]
 
     def vision(self, pixel_values: Tensor) -> Tensor:
         """`VisionBackbone.forward` with the towers' blocks run by `vit_block`."""
         backbone = self.policy.vision_backbone
         batch, n = pixel_values.shape[0], backbone.num_images(pixel_values)
         images = pixel_values.unflatten(1, (n, backbone.channels_per_image)).flatten(0, 1)
-        features = self.tower(backbone.featurizer, images[:, :3])
-        if backbone.fused_featurizer is not None:
-            features = torch.cat([features, self.tower(backbone.fused_featurizer, images[:, 3:])], dim=2)
+        if backbone.fused_featurizer is None:
+            features = self.tower(backbone.featurizer, images[:, :3])
+        elif self.side_by_side and images.is_cuda:
+            features = torch.cat(self._towers_side_by_side(self._tower_steps(backbone.featurizer, images[:, :3]),
+                                                           self._tower_steps(backbone.fused_featurizer, images[:, 3:])),
+                                 dim=2)
+        else:
+            features = torch.cat([self.tower(backbone.featurizer, images[:, :3]),
+                                  self.tower(backbone.fused_featurizer, images[:, 3:])], dim=2)
         return features.reshape(batch, n * features.shape[1], features.shape[2])
+
+    def _mlp(self, x: Tensor, w: Weights) -> Tensor:
+        self._dynamic((x, 0))
+        return add_linear_(x, self._mlp_in(x, w, self.eps), w[14], w[15])
+
+    def _layer(self, x: Tensor, cos: Tensor, sin: Tensor, groups: Groups, w: Weights) -> Tensor:
+        """One decoder layer over the packed positions x [N, D], updated in place."""
+        self._dynamic((x, 0), (cos, 0), (sin, 0))
+        q, k, v = self._qkv(x, cos, sin, w, self.heads, self.kv_heads, self.eps)
+        for rows, out in attend(q, k, v, groups, self.causal):
+            add_linear_(x[rows], out, w[7], w[8])
+        return self._mlp(x, w)
+
+    def _last_layer(self, x: Tensor, read: Tensor, starts: Tensor, cos: Tensor, sin: Tensor, groups: Groups,
+                    w: Weights) -> Tensor:
+        """The last layer's output [B*K, D] at the positions `read` int64[B, K] of the rows (packed order)."""
+        flat = (starts.unsqueeze(1) + read).flatten()
+        self._dynamic((x, 0), (flat, 0), (cos, 0), (sin, 0))
+        q, k, v, x_rows = self._qkv_rows(x, flat, cos, sin, w, self.heads, self.kv_heads, self.eps)
+        for rows, out in attend(q, k, v, groups, self.causal, read):
+            add_linear_(x_rows[rows], out, w[7], w[8])
+        return self._mlp(x_rows, w)
+
+    def forward(self, pixel_values: Tensor, input_ids: Tensor, attention_mask: Tensor, proprio: Tensor | None,
+                packing: Packing) -> Tensor:
+        """Bin logits float32[B, K, n_bins]; `packing` must be `Packing.of` the rows' prompt lengths."""
+        policy, spec = self.policy, self.policy.spec
+        prefix = policy.prefix_embeddings(pixel_values, proprio, self.vision)
+        x, valid, rows = policy._sequence(prefix, input_ids, attention_mask)
+        b, t, d = x.shape
+        groups = packing.positions(t - input_ids.shape[1])
+        order, flat, positions, starts = pack_index(valid, sum(r * n for r, n in groups))
+        x = x.reshape(b * t, d).index_select(0, flat)
+        llm = policy.language_model.model
+        cos, sin = (c[0] for c in llm.rotary_emb(x, positions.unsqueeze(0)))
+        layers = llm.layers[: llm.config.num_hidden_layers]
+        for layer in layers[:-1]:
+            x = self._layer(x, cos, sin, groups, _llama_weights(layer))
+        read = rows.index_select(0, order)
+        hidden = llm.norm(self._last_layer(x, read, starts, cos, sin, groups, _llama_weights(layers[-1])))
+        begin = spec.action_token_begin
+        head = policy.language_model.lm_head
+        bias = None if head.bias is None else head.bias[begin : begin + spec.n_bins]
+        logits = F.linear(hidden, head.weight[begin : begin + spec.n_bins], bias).float().view(b, read.shape[1], -1)
+        return torch.empty_like(logits).index_copy_(0, order, logits)
 
     @torch.no_grad()
     def __call__(self, pixel_values: Tensor, input_ids: Tensor, attention_mask: Tensor,
                  proprio: Tensor | None = None) -> Tensor:
-        """Bin logits float32[B, chunk*action_dim, n_bins], as `OFTPolicy.action_logits` gives them."""
-        policy, spec = self.policy, self.policy.spec
-        prefix = policy.prefix_embeddings(pixel_values, proprio, self.vision)
-        x, valid, rows = policy._sequence(prefix, input_ids, attention_mask)
-        llm = policy.language_model.model
-        positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
-        cos, sin = llm.rotary_emb(x, positions)
-        bias = attention_bias(valid, self.causal, x.dtype)
-        layers = llm.layers[: llm.config.num_hidden_layers]
-        for layer in layers[:-1]:
-            self._dynamic((x, 0), (x, 1), (cos, 1), (sin, 1), (bias, 0), (bias, 2), (bias, 3))
-            weights = _llama_weights(layer)
-            x = self._layer(x, cos, sin, bias, weights, self.heads, self.kv_heads, self.eps)
-        bias_rows = bias.gather(2, rows[:, None, :, None].expand(-1, 1, -1, bias.shape[-1]))
-        self._dynamic((x, 0), (x, 1), (rows, 0), (cos, 1), (sin, 1), (bias_rows, 0), (bias_rows, 3))
-        weights = _llama_weights(layers[-1])
-        hidden = self._last(x, rows, cos, sin, bias_rows, weights, self.heads, self.kv_heads, self.eps)
-        hidden = llm.norm(hidden)
-        begin = spec.action_token_begin
-        head = policy.language_model.lm_head
-        bins = head.weight[begin : begin + spec.n_bins]
-        logits = F.linear(hidden, bins, None if head.bias is None else head.bias[begin : begin + spec.n_bins])
-        return logits.float()
+        """Bin logits float32[B, chunk*action_dim, n_bins], as `OFTPolicy.action_logits` gives them. Reads the
+        prompt lengths to the host (one sync, before any of the forward's work is queued)."""
+        packing = Packing.of(attention_mask.sum(dim=1).tolist())
+        return self.forward(pixel_values, input_ids, attention_mask, proprio, packing)
