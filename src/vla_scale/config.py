@@ -185,6 +185,13 @@ class DeepSpeedConfig:
     """Keep the ZeRO-3 parameter shards on the CPU, fetched for each layer as it runs (ZeRO-Infinity style)."""
     activation_checkpointing: bool = False
     """Recompute the Llama layers' activations in the backward pass instead of storing them."""
+    param_persistence_threshold: int = 0
+    """ZeRO-3: parameters of at most this many elements stay whole on every rank instead of being gathered at each
+    use (0 shards everything; DeepSpeed's own default is 100000). Fewer, larger gathers per step on big models."""
+    prefetch_bucket_size: int = 50_000_000
+    """ZeRO-3: elements of the parameters used next that are gathered ahead of their use, overlapping compute."""
+    max_live_parameters: int = 1_000_000_000
+    """ZeRO-3: gathered parameter elements a rank may hold at once before releasing some."""
     offload_states_during_rollout: bool = False
     """Colocated memory: move the actor's optimizer state, fp32 weights and gradients to CPU memory from the end of
     each update until the next one begins (ZeRO-3, GPU), so the rollout engine has the GPU to itself."""

@@ -42,7 +42,9 @@ def _trainer(rank: int, trainer_port: int, update_port: int, out: mp.Queue) -> N
     for version in (1, 2):
         report = broadcast_sync(actor.policy, group, version, BUCKET_MB)
         full = weights_checksum([(n, t.clone()) for b in gathered_buckets(actor.policy, 1) for n, t in b])
-        out.put(("trainer", rank, version, report.checksum, report.buckets, full))
+        with deepspeed.zero.GatheredParameters(list(actor.policy.parameters())):  # DeepSpeed's own gather
+            reference = weights_checksum([(n, p.data.clone()) for n, p in actor.policy.named_parameters()])
+        out.put(("trainer", rank, version, report.checksum, report.buckets, full, reference))
         param = next(actor.policy.parameters())
         with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
             if rank == 0:
@@ -96,7 +98,9 @@ def test_two_rank_trainer_broadcasts_every_bucket_to_an_engine_process():
     by_kind: dict[str, list] = {}
     for m in messages:
         by_kind.setdefault(m[0], []).append(m[1:])
-    sent = {(rank, version): (checksum, buckets, full) for rank, version, checksum, buckets, full in by_kind["trainer"]}
+    sent = {(rank, version): (checksum, buckets, full)
+            for rank, version, checksum, buckets, full, _ in by_kind["trainer"]}
+    assert all(full == reference for *_, full, reference in by_kind["trainer"])  # one all-gather per bucket is exact
     received = {version: (checksum, engine_version) for version, checksum, engine_version in by_kind["engine"]}
     for version in (1, 2):
         checksum, buckets, full = sent[(0, version)]

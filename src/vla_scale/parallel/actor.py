@@ -34,6 +34,8 @@ def init_distributed() -> tuple[int, int]:
             os.environ.setdefault(key, value)
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():  # before anything is allocated (zero.Init builds on the current device)
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
     return dist.get_rank(), dist.get_world_size()
 
@@ -46,7 +48,9 @@ def deepspeed_config(ds: DeepSpeedConfig, algo: AlgoConfig) -> dict[str, Any]:
     if ds.offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     if ds.zero_stage == 3:
-        zero["stage3_param_persistence_threshold"] = 0
+        zero["stage3_param_persistence_threshold"] = ds.param_persistence_threshold
+        zero["stage3_prefetch_bucket_size"] = ds.prefetch_bucket_size
+        zero["stage3_max_live_parameters"] = ds.max_live_parameters
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": algo.micro_batches,

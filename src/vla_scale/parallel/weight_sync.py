@@ -4,7 +4,8 @@ Rank layout (colocated mode): every trainer rank r holds its ZeRO shard of the a
 replica. A sync walks the actor's parameters in name order, gathers at most `bucket_mb` of them at a time
 (`deepspeed.zero.GatheredParameters`, a collective every rank joins), copies each gathered bucket into rank r's own
 engine, then releases it. No rank ever holds more than one bucket of gathered parameters beyond its engine copy.
-Each rank hashes what it pushed and what its engine holds afterwards; a mismatch is an error.
+Each rank checks that its engine's copy of every tensor is bit-identical to the gathered one (a mismatch is an
+error) and fingerprints its share of the tensors; the shares form one checksum of the whole model (`checksum.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import deepspeed
+import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from vla_scale.checksum import checksum_of, fingerprint_entry
@@ -59,12 +62,44 @@ def gathered_buckets(module: nn.Module, bucket_mb: float) -> Iterator[list[tuple
 
 def _gather(bucket: list[tuple[str, nn.Parameter]]) -> Iterator[list[tuple[str, Tensor]]]:
     params = [p for _, p in bucket]
-    sharded = any(hasattr(p, "ds_id") for p in params)
-    if sharded:
+    if not any(hasattr(p, "ds_id") for p in params):
+        yield [(name, p.data) for name, p in bucket]
+    elif _one_collective_possible(params):
+        yield _gather_flat(bucket)
+    else:
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
             yield [(name, p.data) for name, p in bucket]
-    else:
-        yield [(name, p.data) for name, p in bucket]
+
+
+def _one_collective_possible(params: list[nn.Parameter]) -> bool:
+    """All shards in device memory of one dtype, over one process group (not offloaded to the CPU under NCCL)."""
+    shards = [p.ds_tensor for p in params]
+    if len({(t.dtype, t.device) for t in shards}) != 1 or len({id(p.ds_process_group) for p in params}) != 1:
+        return False
+    on_cpu = shards[0].device.type == "cpu"
+    return not on_cpu or dist.get_backend(params[0].ds_process_group) == "gloo"
+
+
+def _gather_flat(bucket: list[tuple[str, nn.Parameter]]) -> list[tuple[str, Tensor]]:
+    """The bucket's full tensors from one all-gather of all its ZeRO-3 shards (instead of one gather per parameter).
+
+    ZeRO-3 splits each flattened parameter into `world` equal shards (the last one padded), shard r on rank r
+    (`param.ds_tensor`). Every rank concatenates its shards of the bucket; after the all-gather, row r of the result
+    holds rank r's, and parameter p is the concatenation of its column range over the rows, cut to its size.
+    """
+    group = bucket[0][1].ds_process_group
+    shards = [p.ds_tensor.reshape(-1) for _, p in bucket]
+    local = torch.cat(shards)
+    world = dist.get_world_size(group)
+    rows = torch.empty(world * local.numel(), dtype=local.dtype, device=local.device)
+    dist.all_gather_into_tensor(rows, local, group=group)
+    rows = rows.view(world, local.numel())
+    out, offset = [], 0
+    for (name, param), shard in zip(bucket, shards, strict=True):
+        full = rows[:, offset : offset + shard.numel()].reshape(-1)[: param.ds_numel]
+        out.append((name, full.view(param.ds_shape)))
+        offset += shard.numel()
+    return out
 
 
 class Fingerprints:
@@ -81,21 +116,45 @@ class Fingerprints:
 
 
 def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_mb: float) -> SyncReport:
-    """Push every parameter of `module` into `engine` bucket by bucket; raise if the checksums differ."""
+    """Push every parameter of `module` into `engine` bucket by bucket; raise if any copy is not exact.
+
+    Each rank compares every tensor its engine received with the gathered original bit for bit, and fingerprints
+    its share of them (tensor i on rank i mod world; every rank's copy is the same exact bytes); the shares are
+    all-gathered into one checksum of the whole model, the same on every rank."""
     start = time.perf_counter()
-    sent = Fingerprints()
-    total = buckets = 0
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    mine = Fingerprints()
+    wrong: list[str] = []
+    total = buckets = index = 0
+    engine_params = dict(engine.policy.named_parameters())
+    verify = 0.0
     for bucket in gathered_buckets(module, bucket_mb):
         engine.update_weights_from_tensor(bucket, version)
-        sent.add(bucket)
+        t0 = time.perf_counter()
+        wrong += [name for name, t in bucket if not _same_bits(engine_params[name], t)]
+        mine.add([(name, engine_params[name]) for i, (name, _) in enumerate(bucket, index) if i % world == rank])
+        verify += time.perf_counter() - t0
+        index += len(bucket)
         total += sum(t.numel() * t.element_size() for _, t in bucket)
         buckets += 1
-    verify_start = time.perf_counter()
-    actor_sum, engine_sum = sent.checksum(), engine.checksum()
-    if actor_sum != engine_sum:
+    t0 = time.perf_counter()
+    checksum = mine.checksum() if world == 1 else _all_ranks_checksum(mine)
+    if wrong:
         raise RuntimeError(
-            f"weight sync v{version}: rollout engine checksum {engine_sum} != actor checksum {actor_sum}; "
-            "the engine's weights differ from the actor's (parameter names or dtypes out of step?)"
+            f"weight sync v{version}: the rollout engine's copies of {wrong[:3]} ({len(wrong)} tensors) differ from "
+            f"the actor's, so its checksum would not match the actor checksum {checksum}: parameter dtypes out of step?"
         )
     end = time.perf_counter()
-    return SyncReport(version, actor_sum, end - start, total, buckets, end - verify_start)
+    return SyncReport(version, checksum, end - start, total, buckets, verify + end - t0)
+
+
+def _same_bits(a: Tensor, b: Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bool(torch.equal(a.reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8)))
+
+
+def _all_ranks_checksum(mine: Fingerprints) -> str:
+    shares: list = [None] * dist.get_world_size()
+    dist.all_gather_object(shares, [(key, fp.cpu()) for key, fp in mine.entries])
+    return checksum_of([entry for share in shares for entry in share])
