@@ -1,14 +1,17 @@
 """Does pipelining hide simulation behind decoding? The same rollout with S = 1, 2 and 4 stages, side by side.
 
 Real parts only: the OFT-shaped policy decodes on one core (torch with one thread, pinned to core 0); the embedded
-MuJoCo task steps and renders in simulator processes pinned to core 1. The end-effector speed is set to zero so
-that no episode ends early and every S plays exactly the same workload (N episodes x max_steps env steps, one
-render per chunk). Policy width and simulator count are options so decode and simulation cost can be balanced.
+MuJoCo task steps and renders in simulator processes pinned to core 1, with their Ray sim worker. The end-effector
+speed is set to zero so that no episode ends early and every S plays exactly the same workload (N episodes x
+max_steps env steps, one render per chunk). Cameras render at the policy's input size (no resize), as the default
+run does. Policy size, episodes and simulator count are options so decode and simulation cost can be balanced:
+the defaults give sim busy / decode busy close to 1 on the 2-core machine (the table prints both), and enough
+episodes per stage that a stage's work is long against the hand-over between the two sides.
 
 Columns: wall time, speedup over S=1, wall / max(sim busy, decode busy) (1.00 = perfect overlap), and the busy
 seconds of each side. Then env steps/s through the fleet against the same simulators stepped in plain processes.
 
-    python benchmarks/pipeline_overlap.py [--episodes 64 --hidden 256 --layers 4 ...]
+    python benchmarks/pipeline_overlap.py [--episodes 256 --hidden 48 --layers 1 ...]
 """
 
 from __future__ import annotations
@@ -38,14 +41,17 @@ DECODE_CORE, SIM_CORE = 0, 1
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--episodes", type=int, default=64, help="episodes per rollout (all stages together)")
+    p.add_argument("--episodes", type=int, default=256, help="episodes per rollout (all stages together)")
     p.add_argument("--sims", type=int, default=2, help="simulator processes (one Ray sim worker)")
-    p.add_argument("--max-steps", type=int, default=48, help="env steps per episode")
+    p.add_argument("--max-steps", type=int, default=96, help="env steps per episode")
     p.add_argument("--chunk", type=int, default=8, help="actions per chunk")
-    p.add_argument("--resolution", type=int, default=128, help="camera side in pixels")
-    p.add_argument("--hidden", type=int, default=96, help="Llama width of the policy")
-    p.add_argument("--layers", type=int, default=2, help="Llama layers of the policy")
-    p.add_argument("--repeats", type=int, default=2, help="timed rollouts per S (the best is kept)")
+    p.add_argument("--resolution", type=int, default=64, help="camera side = policy input side, in pixels")
+    p.add_argument("--hidden", type=int, default=48, help="Llama width of the policy")
+    p.add_argument("--layers", type=int, default=1, help="Llama layers of the policy")
+    p.add_argument("--vision-dim", type=int, default=32, help="width of the policy's vision tower")
+    p.add_argument("--worker-core", choices=["sim", "decode", "any"], default="any",
+                   help="core of the Ray sim worker process (any: unpinned, like the rest of Ray)")
+    p.add_argument("--repeats", type=int, default=2, help="timed rollouts per S and fleet/plain rounds (best kept)")
     return p.parse_args()
 
 
@@ -53,6 +59,13 @@ def pin(pids: list[int], core: int) -> None:
     if (os.cpu_count() or 1) >= 2:
         for pid in pids:
             os.sched_setaffinity(pid, {core})
+
+
+def pin_fleet(fleet: SimFleet, worker_core: str) -> None:
+    """Simulator processes on the sim core; the sim worker where `--worker-core` says."""
+    pin(fleet.pids(), SIM_CORE)
+    if worker_core != "any":
+        pin(fleet.worker_pids(), SIM_CORE if worker_core == "sim" else DECODE_CORE)
 
 
 def env_kwargs(args: argparse.Namespace, endless: bool = False) -> dict:
@@ -68,7 +81,7 @@ def tasks(n: int) -> list[TaskSpec]:
 def rollout_row(args: argparse.Namespace, stages: int, engine: RolloutEngine, processor: Processor) -> dict:
     fleet = SimFleet("reach", env_kwargs(args), args.episodes, 1, args.sims, timeout_s=120, stages=stages)
     try:
-        pin(fleet.pids(), SIM_CORE)
+        pin_fleet(fleet, args.worker_core)
         loop = EnvLoop(fleet, engine, processor, max_chunks=-(-args.max_steps // args.chunk))
         specs, uids = tasks(args.episodes), [str(i) for i in range(args.episodes)]
         loop.run(specs, uids, 1.0, greedy=True)  # warm-up: renderers, allocator
@@ -119,7 +132,7 @@ def fleet_steps_per_s(args: argparse.Namespace, chunks: int) -> float:
     """Env steps/s through the Ray fleet: two requests in flight, chunks sent as soon as the answer arrives."""
     fleet = SimFleet("reach", env_kwargs(args, endless=True), args.episodes, 1, args.sims, timeout_s=120, stages=2)
     try:
-        pin(fleet.pids(), SIM_CORE)
+        pin_fleet(fleet, args.worker_core)
         stage = fleet.stage_of()
         everything = np.ones(args.episodes, dtype=bool)
         fleet.send_reset(tasks(args.episodes), everything)
@@ -141,10 +154,12 @@ def fleet_steps_per_s(args: argparse.Namespace, chunks: int) -> float:
 def main() -> None:
     args = parse()
     torch.set_num_threads(1)
-    pin([os.getpid()], DECODE_CORE)
+    torch.set_num_interop_threads(1)
     start_ray(num_cpus=2)
+    pin([os.getpid()], DECODE_CORE)  # the decoding thread only: Ray's threads, started above, stay unpinned
     cfg = ModelConfig(hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_layers=args.layers,
-                      chunk_len=args.chunk, patch_size=16)
+                      num_heads=2, chunk_len=args.chunk, image_size=args.resolution, patch_size=16,
+                      vision_dim=args.vision_dim)
     tokenizer = WordTokenizer.from_instructions(instructions())
     torch.manual_seed(0)
     engine = RolloutEngine(build_policy(cfg, tokenizer))
@@ -153,17 +168,22 @@ def main() -> None:
     base = rows[0]["wall"]
     print(f"\nworkload: {args.episodes} episodes x {args.max_steps} env steps, chunk {args.chunk}, "
           f"{args.sims} simulator processes on core {SIM_CORE}, decode on core {DECODE_CORE} "
-          f"(Llama {args.layers}x{args.hidden})")
+          f"(Llama {args.layers}x{args.hidden}, vision {args.vision_dim}, {args.resolution} px), sim worker on "
+          f"{args.worker_core} core")
     print(f"{'S':>3} {'wall s':>8} {'speedup':>8} {'wall/max':>9} {'sim busy s':>11} {'decode busy s':>14}")
     for r in rows:
         r["speedup"] = base / r["wall"]
         r["over_max"] = r["wall"] / max(r["sim"], r["decode"])
         print(f"{r['S']:>3} {r['wall']:>8.2f} {r['speedup']:>8.2f} {r['over_max']:>9.2f} {r['sim']:>11.2f} "
               f"{r['decode']:>14.2f}")
-    chunks = 2 * -(-args.max_steps // args.chunk) * args.repeats
-    raw = raw_steps_per_s(args, chunks)
-    fleet = fleet_steps_per_s(args, chunks)
-    print(f"\nenv steps/s: fleet {fleet:.0f}, plain processes {raw:.0f}, ratio {fleet / raw:.2f}")
+    chunks = 4 * -(-args.max_steps // args.chunk)
+    raws, fleets = [], []
+    for _ in range(args.repeats):  # alternated, so both see the same background load
+        raws.append(raw_steps_per_s(args, chunks))
+        fleets.append(fleet_steps_per_s(args, chunks))
+    raw, fleet = max(raws), max(fleets)
+    print(f"\nenv steps/s, best of {args.repeats}: fleet {fleet:.0f} ({' '.join(f'{x:.0f}' for x in fleets)}), "
+          f"plain processes {raw:.0f} ({' '.join(f'{x:.0f}' for x in raws)}), ratio {fleet / raw:.2f}")
     ray.shutdown()
     s2 = rows[1]
     print(f"pipeline: s2_speedup={s2['speedup']:.2f} s2_wall_over_max={s2['over_max']:.2f} "

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from vla_scale.envs.reach import ACTION_DIM, CAMERA, ReachEnv
+from vla_scale.envs.shared_images import ImageReader
 from vla_scale.envs.sim_process import SimProcess, SimulatorError
 from vla_scale.envs.types import ChunkStep, TaskSpec
 
@@ -60,6 +61,25 @@ def test_subprocess_matches_in_process_env() -> None:
     assert_gone(pid)
     for env in local:
         env.close()
+
+
+def test_images_left_in_shared_memory_read_the_same_from_another_reader() -> None:
+    tasks = [TaskSpec("reach", 1, 3), TaskSpec("reach", 0, 7)]
+    chunk = np.full((len(tasks), CHUNK, ACTION_DIM), 0.3, dtype=np.float32)
+    reader = ImageReader(foreign=True)
+    with SimProcess("reach", num_slots=len(tasks), env_kwargs={"camera_resolution": 32}) as copied, \
+            SimProcess("reach", num_slots=len(tasks), env_kwargs={"camera_resolution": 32}) as shared:
+        for proc in (copied, shared):
+            proc.send_reset(tasks)
+            proc.recv(timeout_s=BOOT_TIMEOUT_S)
+            proc.send_step(chunk, np.array([False, True]))
+        expected = copied.recv_batch(timeout_s=10.0)
+        left = shared.recv_batch(timeout_s=10.0, copy_images=False)
+        assert left.shared and len(left.images[CAMERA]) == 0  # only where the images are crossed the pipe
+        got = reader.take(left)
+        assert not got.shared and got.index.tolist() == expected.index.tolist() == [1]
+        np.testing.assert_array_equal(got.images[CAMERA], expected.images[CAMERA])
+    reader.close()
 
 
 def test_child_exception_is_reraised_with_traceback() -> None:

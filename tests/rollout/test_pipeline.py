@@ -84,6 +84,29 @@ def test_prefetched_resets_are_used_and_wrong_ones_are_dropped(parts):
         fleet.close()
 
 
+def test_local_workers_leave_images_in_shared_memory_and_answers_match(parts):
+    tasks, _ = tasks_and_uids(8)
+    answers = []
+    for copy in (False, True):
+        fleet = make_fleet(stages=2)
+        try:
+            assert fleet.local == [True, True]  # one node: the driver reads the simulators' images itself
+            if copy:
+                fleet.local = [False, False]  # as a worker on another node answers: images through Ray
+            fleet.send_reset(tasks, np.ones(8, dtype=bool))
+            fleet.recv()
+            fleet.send_step(np.full((8, 4, 7), 0.4, dtype=np.float32), fleet.stage_of() == 1)
+            answers.append(fleet.recv())
+        finally:
+            fleet.close()
+    for shared, copied in zip(*answers, strict=True):
+        assert (shared is None) == (copied is None)
+        if shared is not None:
+            np.testing.assert_array_equal(shared.observation.images["agentview"],
+                                          copied.observation.images["agentview"])
+            assert shared.steps_taken == copied.steps_taken
+
+
 def test_killed_process_restarts_its_episodes_from_their_initial_state(parts):
     fleet = make_fleet(stages=2)
     try:

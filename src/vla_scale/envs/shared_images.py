@@ -9,7 +9,7 @@ which the parent sends after it has received this answer, so a row is never over
 
 from __future__ import annotations
 
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
@@ -52,27 +52,47 @@ class ImageWriter:
 
 
 class ImageReader:
-    """Parent side: attaches to the child's blocks and copies the answered rows out."""
+    """Parent side: attaches to the child's blocks and copies the answered rows out.
 
-    def __init__(self) -> None:
-        self.blocks: dict[str, tuple[shared_memory.SharedMemory, np.ndarray]] = {}
+    One block per camera: a block with a new name (the child was replaced, or the frame size changed) replaces the
+    one held for that camera. Any process of the machine can read a child's answers this way, not only its parent:
+    `foreign=True` for one that does not share the child's resource tracker (the child's parent and the child share
+    it), so that it neither warns about nor removes at its exit blocks the child owns.
+    """
+
+    def __init__(self, foreign: bool = False) -> None:
+        self.foreign = foreign
+        self.blocks: dict[str, tuple[str, shared_memory.SharedMemory, np.ndarray]] = {}  # camera -> name, block, rows
+
+    def attach(self, batch: SlotBatch) -> SlotBatch:
+        """Attach to the batch's blocks (so `close(unlink=True)` can remove them) without reading them."""
+        for camera, (name, shape) in batch.shared.items():
+            self._rows(camera, name, shape)
+        return batch
 
     def take(self, batch: SlotBatch) -> SlotBatch:
         for camera, (name, shape) in batch.shared.items():
-            held = self.blocks.get(name)
-            if held is None:
-                shm = shared_memory.SharedMemory(name=name)  # the child owns the block and unlinks it
-                held = (shm, np.ndarray(shape, dtype=np.uint8, buffer=shm.buf))
-                self.blocks[name] = held
-            batch.images[camera] = held[1][batch.index]  # fancy indexing copies
+            batch.images[camera] = self._rows(camera, name, shape)[batch.index]  # fancy indexing copies
         batch.shared = {}
         return batch
 
+    def _rows(self, camera: str, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        held = self.blocks.get(camera)
+        if held is None or held[0] != name:
+            if held is not None:
+                held[1].close()
+            shm = shared_memory.SharedMemory(name=name)  # the child owns the block and unlinks it
+            if self.foreign:
+                resource_tracker.unregister("/" + shm.name, "shared_memory")  # POSIX names carry a leading slash
+            held = (name, shm, np.ndarray(shape, dtype=np.uint8, buffer=shm.buf))
+            self.blocks[camera] = held
+        return held[2]
+
     def close(self, unlink: bool = False) -> None:
-        """Detach; `unlink` also removes the blocks (when the child died and cannot)."""
-        for shm, _ in self.blocks.values():
+        """Detach; `unlink` also removes the blocks (when the child died and cannot; the child's parent only)."""
+        for _, shm, _ in self.blocks.values():
             shm.close()
-            if unlink:
+            if unlink and not self.foreign:
                 try:
                     shm.unlink()
                 except FileNotFoundError:

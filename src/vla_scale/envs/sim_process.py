@@ -172,8 +172,13 @@ class SimProcess:
         """The answer to the oldest pending request, one record per slot."""
         return self.recv_batch(timeout_s).unpack()
 
-    def recv_batch(self, timeout_s: float) -> SlotBatch:
-        """The answer to the oldest pending request, packed, waiting at most timeout_s seconds."""
+    def recv_batch(self, timeout_s: float, copy_images: bool = True) -> SlotBatch:
+        """The answer to the oldest pending request, packed, waiting at most timeout_s seconds.
+
+        `copy_images=False` leaves the camera images in the child's shared memory (`batch.shared` says where) for
+        another process of this machine to copy out with an `ImageReader`; it must do so before the next request
+        to these slots is sent.
+        """
         if not self._pending:
             raise RuntimeError(f"{self._describe(None)}: recv() without a pending request")
         call = self._pending[0]
@@ -193,7 +198,7 @@ class SimProcess:
         self.busy_s += busy_s
         if status == "error":
             raise SimulatorError(f"{self._describe(call)}: raised in the child:\n{payload}")
-        return self._images.take(payload)
+        return self._images.take(payload) if copy_images else self._images.attach(payload)
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Ask the child to exit; terminate, then kill it if it does not within timeout_s (a broken one: kill)."""

@@ -91,10 +91,25 @@ class ImageTransform:
             x = resize_uint8(x, self.image_size)
         if self.center_crop:
             x = centre_crop_uint8(x, self.crop_area)
-        unit = x.float() / 255.0
-        towers = [(unit - _column(mean)) / _column(std) for mean, std in zip(self.means, self.stds, strict=True)]
-        pixels = torch.cat(towers, dim=1)
-        return pixels.reshape(batch, n * pixels.shape[1], self.image_size, self.image_size)
+        channels = x.contiguous().numpy()
+        table = self._table()
+        pixels = np.empty((batch * n, len(table), self.image_size, self.image_size), dtype=np.float32)
+        for k, row in enumerate(table):
+            np.take(row, channels[:, k % 3], out=pixels[:, k])
+        return torch.from_numpy(pixels).reshape(batch, n * len(table), self.image_size, self.image_size)
+
+    def _table(self) -> np.ndarray:
+        """float32[3 * towers, 256]: the normalised value of every uint8 level, per output channel.
+
+        Computed with the same float32 operations as `(x.float() / 255 - mean) / std` on the 256 levels, so looking
+        a pixel up gives bitwise what computing it does, in one pass instead of four.
+        """
+        cached = _TABLES.get((self.means, self.stds))
+        if cached is None:
+            unit = torch.arange(256, dtype=torch.float32).view(1, 1, 1, 256) / 255.0
+            towers = [(unit - _column(mean)) / _column(std) for mean, std in zip(self.means, self.stds, strict=True)]
+            cached = _TABLES[(self.means, self.stds)] = torch.cat(towers, dim=1).reshape(-1, 256).numpy()
+        return cached
 
     def preprocessor_config(self) -> dict:
         """The official preprocessor_config.json (resize-naive, bicubic) describing this transform."""
@@ -110,6 +125,9 @@ class ImageTransform:
                 "tvf_resize_params": [{"antialias": True, "interpolation": 3, "max_size": None,
                                        "size": size[1:]}] * towers,
                 "use_fused_vision_backbone": towers == 2}
+
+
+_TABLES: dict[tuple, np.ndarray] = {}
 
 
 def _column(values: tuple[float, ...]) -> Tensor:
@@ -161,6 +179,7 @@ class Processor:
         self.cfg, self.tokenizer, self.stats = cfg, tokenizer, stats
         self.cameras = (camera,) if isinstance(camera, str) else tuple(camera)
         self.transform = transform or ImageTransform.for_model(cfg)
+        self._encoded: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # instruction -> ids and mask rows
 
     @classmethod
     def for_policy(cls, policy: Any, tokenizer: TextTokenizer, camera: str | tuple[str, ...] = "agentview",
@@ -169,7 +188,7 @@ class Processor:
         return cls(policy.model_config, tokenizer, camera, policy.dataset_stats(unnorm_key), policy.image_transform())
 
     def __call__(self, observations: list[Observation]) -> PolicyInputs:
-        images = np.stack([np.stack([o.images[c] for c in self.cameras]) for o in observations])
+        images = np.stack([np.stack([o.images[c] for o in observations]) for c in self.cameras], axis=1)
         proprio = np.stack([o.proprio for o in observations])
         return self.from_arrays(images, [o.instruction for o in observations], proprio)
 
@@ -180,7 +199,19 @@ class Processor:
         pixels = self.transform(images)
         if self.stats is not None:
             proprio = self.stats.normalize_proprio(proprio)
-        prompts = [PROMPT.format(instruction=text.lower()) for text in instructions]
-        ids, mask = self.tokenizer.encode(prompts, self.cfg.max_text_len)
+        ids, mask = self._encode(instructions)
         proprio_t = torch.from_numpy(np.asarray(proprio, dtype=np.float32))
         return PolicyInputs(pixels, torch.from_numpy(ids), torch.from_numpy(mask), proprio_t)
+
+    def _encode(self, instructions: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids and mask [B, max_text_len]; each distinct instruction is tokenised once (a row does not depend
+        on the rest of the batch, and rollouts repeat a few instructions)."""
+        new = [text for text in dict.fromkeys(instructions) if text not in self._encoded]
+        if new:
+            prompts = [PROMPT.format(instruction=text.lower()) for text in new]
+            ids, mask = self.tokenizer.encode(prompts, self.cfg.max_text_len)
+            self._encoded.update((text, (i, m)) for text, i, m in zip(new, ids, mask, strict=True))
+        if not instructions:
+            return self.tokenizer.encode([], self.cfg.max_text_len)
+        rows = [self._encoded[text] for text in instructions]
+        return np.stack([i for i, _ in rows]), np.stack([m for _, m in rows])

@@ -9,7 +9,9 @@ Requests are answered in the order they were sent (one request per stage may be 
 the oldest one. A worker sends each request to all its processes before it waits for any. Sending and receiving
 are separate Ray concurrency groups of the worker (one thread each, each in call order), so a receive that waits for
 one stage's simulators never holds back another stage's chunks; a lock keeps the two threads' views of the
-processes consistent.
+processes consistent. Camera images travel from a simulator process's shared memory to whoever reads them: a
+worker on the trainer's machine passes on only where they are and the fleet copies them out itself; a worker on
+another node (disaggregated mode) copies them into its reply.
 
 Faults: a process that dies, misses its deadline or raises is closed and replaced; its running episodes are reset
 to their initial states and reported as `Restarted` (the env loop starts them again), also for slots the trainer
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from vla_scale.envs.shared_images import ImageReader
 from vla_scale.envs.sim_process import SimProcess, SimulatorError
 from vla_scale.envs.types import ChunkStep, Observation, SlotBatch, TaskSpec
 
@@ -44,9 +47,13 @@ SlotResult = Observation | ChunkStep | Restarted | None
 
 @dataclass
 class WorkerReply:
-    """A worker's answer to one request: packed slot results plus the slots whose episodes start again."""
+    """A worker's answer to one request: packed slot results per process plus the slots whose episodes start again.
 
-    batch: SlotBatch
+    A part whose `shared` is set left its camera images in that simulator process's shared memory (the caller is on
+    the same machine and copies them out itself, see `SimFleet.collect`).
+    """
+
+    parts: list[SlotBatch]
     restarted: dict[int, Observation]
     busy_s: float  # simulator CPU seconds spent on this request
     restarts: int
@@ -103,8 +110,12 @@ class SimWorker:
         self.requests.put((kind, mask.copy()))
 
     @ray.method(concurrency_group="recv")
-    def recv(self) -> WorkerReply:
-        """Answer the oldest request; replace any process that fails on the way."""
+    def recv(self, copy_images: bool = True) -> WorkerReply:
+        """Answer the oldest request; replace any process that fails on the way.
+
+        `copy_images=False` (a caller on this machine): camera images stay in shared memory and only where they are
+        travels, which spares a copy here, the object store and a copy out of it.
+        """
         kind, mask = self.requests.get(timeout=self.boot_timeout_s + self.timeout_s)
         parts: list[SlotBatch] = []
         busy = 0.0
@@ -121,7 +132,7 @@ class SimWorker:
                 try:
                     if proc.broken or not proc.pending:
                         raise SimulatorError(f"simulator pid={proc.pid} env={self.env_name!r}: process is broken")
-                    part = proc.recv_batch(self.timeout_s)
+                    part = proc.recv_batch(self.timeout_s, copy_images)
                     self.failures[k] = 0
                     busy += proc.busy_s - before
                 except SimulatorError as err:
@@ -130,12 +141,12 @@ class SimWorker:
                         self._replace(k, err)
                     restarts += 1
             parts.append(part)
-        batch = SlotBatch.concat(kind, parts)
         with self.lock:
             if kind == "step":
-                self.running[batch.index[batch.done]] = False
+                for k, part in enumerate(parts):
+                    self.running[k * self.slots + part.index[part.done]] = False
             restarted = {int(j): self.lost.pop(int(j)) for j in np.flatnonzero(mask) if int(j) in self.lost}
-        return WorkerReply(batch, restarted, busy, restarts)
+        return WorkerReply(parts, restarted, busy, restarts)
 
     def _replace(self, k: int, err: SimulatorError) -> None:
         """Start a fresh process for slots of process k and reset its running episodes to their initial states."""
@@ -168,6 +179,9 @@ class SimWorker:
 
     def pids(self) -> list[int]:
         return [proc.pid for proc in self.procs]
+
+    def own_pid(self) -> int:
+        return os.getpid()
 
     def close(self) -> None:
         for proc in self.procs:
@@ -226,6 +240,9 @@ class SimFleet:
         remote = ray.remote(**options)(SimWorker)
         self.workers = [remote.remote(i, env_name, env_kwargs, sims_per_worker, self.slots, timeout_s, max_failures,
                                       boot_timeout_s) for i in range(num_workers)]
+        here = ray.get_runtime_context().get_node_id()
+        self.local = [node == here for node in ray.get([w.node_id.remote() for w in self.workers])]
+        self.readers = [[ImageReader(foreign=True) for _ in range(sims_per_worker)] for _ in range(num_workers)]
         self.stats = FleetStats()
 
     def stage_of(self) -> np.ndarray:
@@ -246,7 +263,7 @@ class SimFleet:
 
     def request_recv(self) -> list[ray.ObjectRef]:
         """Ask every worker for its answer to the oldest request, without waiting (see `collect`)."""
-        return [worker.recv.remote() for worker in self.workers]
+        return [worker.recv.remote(not local) for worker, local in zip(self.workers, self.local, strict=True)]
 
     def recv(self) -> list[SlotResult]:
         return self.collect(self.request_recv())
@@ -258,7 +275,9 @@ class SimFleet:
         for i, reply in enumerate(replies):
             self.stats.busy_s += reply.busy_s
             self.stats.restarts += reply.restarts
-            part: list[SlotResult] = list(reply.batch.unpack())
+            part: list[SlotResult] = []
+            for reader, batch in zip(self.readers[i], reply.parts, strict=True):
+                part.extend(reader.take(batch).unpack())
             for slot, observation in reply.restarted.items():
                 part[slot] = Restarted(observation)
             results.extend(part)
@@ -266,7 +285,12 @@ class SimFleet:
         return results
 
     def pids(self) -> list[int]:
+        """Process ids of the simulator processes."""
         return [pid for part in ray.get([w.pids.remote() for w in self.workers]) for pid in part]
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the sim worker actors."""
+        return ray.get([w.own_pid.remote() for w in self.workers])
 
     def close(self) -> None:
         try:
@@ -274,3 +298,5 @@ class SimFleet:
         finally:
             for worker in self.workers:
                 ray.kill(worker)
+            for reader in (r for row in self.readers for r in row):
+                reader.close()
