@@ -164,6 +164,21 @@ def allocated_gib(device: torch.device) -> float:
     return psutil.Process().memory_info().rss / 2**30
 
 
+def verify_parts(engine: RolloutEngine) -> None:
+    """Where a sync's verification goes: the bit comparison and the fingerprints, each over the whole model."""
+    from vla_scale.checksum import tensor_fingerprint
+    from vla_scale.parallel.weight_sync import _differs
+
+    params = [p for p in engine.policy.parameters()]
+    copies = [p.clone() for p in params[:40]]  # a sample, to bound the memory
+    share = sum(p.numel() for p in params[:40]) / sum(p.numel() for p in params)
+    pairs = list(zip(params, copies, strict=False))
+    compare_s = timed(lambda: torch.stack([_differs(a, b) for a, b in pairs]).any().item(), engine.device, 3) / share
+    fingerprint_s = timed(lambda: torch.stack([tensor_fingerprint(p) for p in params]).cpu(), engine.device, 3)
+    say(f"verification over the whole model: bit comparison {compare_s:.3f} s (from {share:.0%} of it), "
+        f"fingerprints {fingerprint_s:.3f} s")
+
+
 def colocated_memory(actor: Actor, engine: RolloutEngine, bucket_mb: int) -> None:
     gib = lambda: allocated_gib(engine.device)  # noqa: E731
     say(f"{'state':<44} {'allocated GiB':>13} {'move s':>7}")
@@ -253,6 +268,7 @@ def main() -> None:
         f"= {floor_s:.3f} s")
     actor.update([micro_batch(cfg, tok, 2, rank)])  # optimizer state exists from here on
     rows = bucket_table(actor, engine, args.buckets, floor_s, args.repeats)
+    verify_parts(engine)
     if not args.skip_memory:
         colocated_memory(actor, engine, min(rows, key=lambda r: r[1])[0])
     for batch in args.mfu_batch:

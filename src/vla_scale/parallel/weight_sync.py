@@ -124,14 +124,16 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
     start = time.perf_counter()
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     mine = Fingerprints()
-    wrong: list[str] = []
+    names: list[str] = []
+    differs: list[Tensor] = []  # one device flag per tensor, read once at the end (no sync per tensor)
     total = buckets = index = 0
     engine_params = dict(engine.policy.named_parameters())
     verify = 0.0
     for bucket in gathered_buckets(module, bucket_mb):
         engine.update_weights_from_tensor(bucket, version)
         t0 = time.perf_counter()
-        wrong += [name for name, t in bucket if not _same_bits(engine_params[name], t)]
+        names += [name for name, _ in bucket]
+        differs += [_differs(engine_params[name], t) for name, t in bucket]
         mine.add([(name, engine_params[name]) for i, (name, _) in enumerate(bucket, index) if i % world == rank])
         verify += time.perf_counter() - t0
         index += len(bucket)
@@ -139,6 +141,7 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
         buckets += 1
     t0 = time.perf_counter()
     checksum = mine.checksum() if world == 1 else _all_ranks_checksum(mine)
+    wrong = [name for name, bad in zip(names, torch.stack(differs).tolist(), strict=True) if bad]
     if wrong:
         raise RuntimeError(
             f"weight sync v{version}: the rollout engine's copies of {wrong[:3]} ({len(wrong)} tensors) differ from "
@@ -148,10 +151,12 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
     return SyncReport(version, checksum, end - start, total, buckets, verify + end - t0)
 
 
-def _same_bits(a: Tensor, b: Tensor) -> bool:
+def _differs(a: Tensor, b: Tensor) -> Tensor:
+    """A device bool: do the two tensors differ in dtype, shape or any bit?"""
     if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return bool(torch.equal(a.reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8)))
+        return torch.ones((), dtype=torch.bool, device=a.device)
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return (a.reshape(-1).view(as_int) != b.detach().reshape(-1).view(as_int)).any()
 
 
 def _all_ranks_checksum(mine: Fingerprints) -> str:
