@@ -134,12 +134,13 @@ def build(cfg: ModelConfig, tok: WordTokenizer, ds: DeepSpeedConfig, device: tor
 
 
 def bucket_table(actor: Actor, engine: RolloutEngine, buckets: list[int], floor_s: float, repeats: int):
-    say(f"{'bucket MB':>9} {'buckets':>7} {'gather s':>8} {'sync s':>8} {'verify s':>8} {'GB/s':>7} {'x floor':>7} "
-        f"{'extra MiB':>9}")
+    say(f"{'bucket MB':>9} {'buckets':>7} {'gather s':>8} {'unverif. s':>10} {'x floor':>7} {'sync s':>8} "
+        f"{'verify s':>8} {'GB/s':>7} {'x floor':>7} {'extra MiB':>9}")
     rows = []
     version = 0
     for mb in buckets:
         gather_s = timed(lambda mb=mb: [None for _ in gathered_buckets(actor.policy, mb)], engine.device, repeats)
+        plain_s = timed(lambda mb=mb: sync_weights(actor.policy, engine, 0, mb, verify=False), engine.device, repeats)
         times, verify, extra = [], [], []
         for _ in range(repeats):
             version += 1
@@ -151,7 +152,8 @@ def bucket_table(actor: Actor, engine: RolloutEngine, buckets: list[int], floor_
             extra.append(mem.extra_mib)
         seconds = statistics.median(times[1:] if repeats > 1 else times)
         peak = max(extra[1:] if repeats > 1 else extra)
-        say(f"{mb:>9} {report.buckets:>7} {gather_s:>8.3f} {seconds:>8.3f} {statistics.median(verify):>8.3f} "
+        say(f"{mb:>9} {report.buckets:>7} {gather_s:>8.3f} {plain_s:>10.3f} {plain_s / floor_s:>7.2f} {seconds:>8.3f} "
+            f"{statistics.median(verify):>8.3f} "
             f"{report.bytes / seconds / 1e9:>7.1f} {seconds / floor_s:>7.2f} {peak:>9.0f}")
         rows.append((mb, seconds, peak))
     return rows

@@ -74,10 +74,12 @@ def test_resume_continues_the_same_run(tmp_path, whole_run):
 @pytest.mark.slow
 def test_colocated_memory_options_train_the_same(tmp_path, whole_run):
     """Optimizer state offloaded around rollouts and the engine released during updates: identical training."""
-    train("steps=3", "eval_every=10", "save_every=1", f"run_dir={tmp_path}", "deepspeed=zero3_colocated")
+    train("steps=3", "eval_every=10", "save_every=1", f"run_dir={tmp_path}", "deepspeed=zero3_colocated",
+          "deepspeed.sync_verify_every=2")
     a, b = read_scalars(str(whole_run / "tb")), read_scalars(str(tmp_path / "tb"))
     for tag in ["train/success_rate", "train/policy_loss", "train/grad_norm", "eval/success_rate"]:
         assert a[tag] == b[tag], tag
+    assert [s for s, _ in read_text_tags(str(tmp_path / "tb"))["sync/checksum"]] == [0, 2]  # every 2nd sync
 
 
 @pytest.mark.slow

@@ -200,6 +200,9 @@ class DeepSpeedConfig:
     after the update refills them."""
     sync_bucket_mb: int = 64
     """Weight sync gathers parameters in buckets of at most this many MB."""
+    sync_verify_every: int = 1
+    """Verify every k-th weight sync (bit comparison on every rank, checksum logged as `sync/checksum`); the first
+    sync after start or resume is always verified. 1 verifies all; larger values trade proof for sync time."""
 
 
 @dataclass
@@ -346,6 +349,8 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     if cfg.deepspeed.zero_stage not in (0, 1, 2, 3):
         problems.append(f"deepspeed.zero_stage={cfg.deepspeed.zero_stage} must be 0, 1, 2 or 3")
     ds = cfg.deepspeed
+    if ds.sync_verify_every < 1:
+        problems.append(f"deepspeed.sync_verify_every={ds.sync_verify_every} must be >= 1 (1 verifies every sync)")
     if ds.offload_param and ds.zero_stage != 3:
         problems.append(f"deepspeed.offload_param=true needs deepspeed.zero_stage=3 (got {ds.zero_stage})")
     if ds.offload_states_during_rollout and (ds.zero_stage != 3 or ds.offload_optimizer or ds.offload_param):

@@ -99,6 +99,7 @@ class Trainer:
         cfg = self.cfg
         if cfg.resume:
             self.load_latest()
+        self._first_sync = self.version
         self.sync(self.version)
         if self.step == 0:
             self.log.text("config", "```\n" + as_yaml(cfg) + "\n```")
@@ -216,7 +217,11 @@ class Trainer:
         if ds.offload_states_during_rollout:
             self.actor.offload_states()
         self.engine.resume_memory_occupation()
-        report = sync_weights(self.actor.policy, self.engine, version, ds.sync_bucket_mb)
+        verify = version % ds.sync_verify_every == 0 or version == self._first_sync
+        report = sync_weights(self.actor.policy, self.engine, version, ds.sync_bucket_mb, verify)
+        self.version = report.version
+        if not verify:
+            return report
         sums = [report.checksum]
         if self.world > 1:
             sums = [""] * self.world
@@ -225,7 +230,6 @@ class Trainer:
                 raise RuntimeError(f"weight sync v{version}: the ranks' rollout engines differ: " + ", ".join(
                     f"rank {r}: {c}" for r, c in enumerate(sums)))
         self.log.text("sync/checksum", f"v{version}: {report.checksum} on {len(sums)} rank(s)", version)
-        self.version = report.version
         return report
 
     def _make_room_for_update(self) -> None:

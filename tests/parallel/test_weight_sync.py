@@ -62,3 +62,13 @@ def test_sync_raises_when_the_engine_cannot_hold_the_actor_weights(actor_and_eng
     engine64 = RolloutEngine(build_policy(CFG, tok).double())
     with pytest.raises(RuntimeError, match="checksum"):
         sync_weights(actor.policy, engine64, version=5, bucket_mb=1)
+
+
+def test_an_unverified_sync_still_copies_everything(actor_and_engine):
+    actor, _ = actor_and_engine
+    torch.manual_seed(7)
+    engine = RolloutEngine(build_policy(CFG, WordTokenizer.from_instructions(instructions())))
+    report = sync_weights(actor.policy, engine, version=9, bucket_mb=0.01, verify=False)
+    assert report.checksum == "" and engine.version == 9
+    full = [(n, t.clone()) for bucket in gathered_buckets(actor.policy, 1) for n, t in bucket]
+    assert weights_checksum(full) == engine.checksum()

@@ -115,12 +115,14 @@ class Fingerprints:
         return checksum_of(self.entries)
 
 
-def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_mb: float) -> SyncReport:
+def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_mb: float,
+                 verify: bool = True) -> SyncReport:
     """Push every parameter of `module` into `engine` bucket by bucket; raise if any copy is not exact.
 
-    Each rank compares every tensor its engine received with the gathered original bit for bit, and fingerprints
-    its share of them (tensor i on rank i mod world; every rank's copy is the same exact bytes); the shares are
-    all-gathered into one checksum of the whole model, the same on every rank."""
+    With `verify`, each rank compares every tensor its engine received with the gathered original bit for bit, and
+    fingerprints its share of them (tensor i on rank i mod world; every rank's copy is the same exact bytes); the
+    shares are all-gathered into one checksum of the whole model, the same on every rank. Without it the report's
+    checksum is empty."""
     start = time.perf_counter()
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     mine = Fingerprints()
@@ -128,17 +130,22 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
     differs: list[Tensor] = []  # one device flag per tensor, read once at the end (no sync per tensor)
     total = buckets = index = 0
     engine_params = dict(engine.policy.named_parameters())
-    verify = 0.0
+    verify_s = 0.0
     for bucket in gathered_buckets(module, bucket_mb):
         engine.update_weights_from_tensor(bucket, version)
+        total += sum(t.numel() * t.element_size() for _, t in bucket)
+        buckets += 1
+        if not verify:
+            continue
         t0 = time.perf_counter()
         names += [name for name, _ in bucket]
         differs += [_differs(engine_params[name], t) for name, t in bucket]
         mine.add([(name, engine_params[name]) for i, (name, _) in enumerate(bucket, index) if i % world == rank])
-        verify += time.perf_counter() - t0
+        verify_s += time.perf_counter() - t0
         index += len(bucket)
-        total += sum(t.numel() * t.element_size() for _, t in bucket)
-        buckets += 1
+    if not verify:
+        engine.synchronize()
+        return SyncReport(version, "", time.perf_counter() - start, total, buckets)
     t0 = time.perf_counter()
     checksum = mine.checksum() if world == 1 else _all_ranks_checksum(mine)
     wrong = [name for name, bad in zip(names, torch.stack(differs).tolist(), strict=True) if bad]
@@ -148,7 +155,7 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
             f"the actor's, so its checksum would not match the actor checksum {checksum}: parameter dtypes out of step?"
         )
     end = time.perf_counter()
-    return SyncReport(version, checksum, end - start, total, buckets, verify + end - t0)
+    return SyncReport(version, checksum, end - start, total, buckets, verify_s + end - t0)
 
 
 def _differs(a: Tensor, b: Tensor) -> Tensor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,8 +29,10 @@ from torch import Tensor
 from vla_scale.algo import logprobs_from_logits
 from vla_scale.checksum import weights_checksum
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
-from vla_scale.parallel.update_group import UpdateGroup, bucket_nbytes, unflatten
 from vla_scale.rollout.fast_forward import FastForward, trim_text
+
+if TYPE_CHECKING:  # imported where used: the update group pulls in DeepSpeed, which decoding alone does not need
+    from vla_scale.parallel.update_group import UpdateGroup
 
 
 @dataclass
@@ -127,6 +130,8 @@ class RolloutEngine:
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str = "weight_update", backend: str = "gloo") -> None:
         """Join the trainer's update group as group rank `rank_offset`; returns once every member has joined."""
+        from vla_scale.parallel.update_group import UpdateGroup
+
         self.update_groups[group_name] = UpdateGroup.connect(master_address, master_port, rank_offset, world_size,
                                                              backend, group_name)
 
@@ -134,6 +139,8 @@ class RolloutEngine:
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[tuple[int, ...]],
                                         version: int, group_name: str = "weight_update") -> int:
         """Receive one bucket that the trainer's rank 0 broadcasts and copy it in; returns its size in bytes."""
+        from vla_scale.parallel.update_group import bucket_nbytes, unflatten
+
         group = self.update_groups[group_name]
         flat = group.broadcast(torch.empty(bucket_nbytes(dtypes, shapes), dtype=torch.uint8, device=group.device))
         self.update_weights_from_tensor(unflatten(flat, names, dtypes, shapes), version)
@@ -159,6 +166,11 @@ class RolloutEngine:
             p.data = torch.empty(shape, dtype=p.dtype, device=p.device)
         self.released = False
         self._awaiting_sync = True
+
+    def synchronize(self) -> None:
+        """Wait until every copy queued into the weights has landed."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def checksum(self) -> str:
         return weights_checksum(self.policy.named_parameters())
