@@ -54,6 +54,7 @@ def reference():
 def test_offloaded_optimizer_states_train_exactly_as_resident_ones(reference):
     stats, full, actor = _train(DeepSpeedConfig(zero_stage=3), offload_between_updates=True)
     assert actor.states_offloaded
+    assert actor._state_holder is not None
     held = {t.data_ptr() for t in actor._state_holder.host.values()}
     inner = actor.engine.optimizer.optimizer
     moments = [v for state in inner.state.values() for v in state.values() if torch.is_tensor(v) and v.dim()]
@@ -90,3 +91,11 @@ def test_released_engine_refuses_to_decode_until_a_sync_refills_it():
     sync_weights(actor.policy, engine, 2, bucket_mb=1)
     after = engine.decode(_batch(0), temperature=1.0, greedy=True)
     assert np.array_equal(before.tokens, after.tokens) and after.version == 2
+
+
+def test_zero_stages_0_and_2_train_alike():
+    """(ZeRO-3 builds its weights under zero.Init, so only these two start from the same ones.)"""
+    plain, _, _ = _train(DeepSpeedConfig(zero_stage=0))
+    sharded, _, _ = _train(DeepSpeedConfig(zero_stage=2))
+    for a, b in zip(plain, sharded, strict=True):
+        assert a["policy_loss"] == pytest.approx(b["policy_loss"], rel=1e-4, abs=1e-7)

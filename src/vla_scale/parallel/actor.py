@@ -130,7 +130,7 @@ class Actor:
         self.engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=self.ds_config)
         self.zero_stage = ds.zero_stage
         self.states_offloaded = False
-        self._state_holder = OptimizerStates(self.engine.optimizer, self.device)
+        self._state_holder: OptimizerStates | None = None  # built on the first offload (ZeRO-3 only)
 
     @property
     def policy(self) -> OFTPolicy:
@@ -177,11 +177,13 @@ class Actor:
         allocated on the first offload and reused. DeepSpeed's own `offload_states` requires its fused CUDA Adam;
         this works for the plain torch optimizer the actor uses."""
         if not self.states_offloaded:
+            if self._state_holder is None:
+                self._state_holder = OptimizerStates(self.engine.optimizer, self.device)
             self._state_holder.offload()
             self.states_offloaded = True
 
     def reload_states(self) -> None:
-        if self.states_offloaded:
+        if self.states_offloaded and self._state_holder is not None:
             self._state_holder.reload()
             self.states_offloaded = False
 
