@@ -65,7 +65,7 @@ def test_offloaded_optimizer_states_train_exactly_as_resident_ones(reference):
 
 def test_activation_checkpointing_recomputes_and_trains_the_same(reference):
     stats, full, actor = _train(DeepSpeedConfig(zero_stage=3, activation_checkpointing=True))
-    assert actor.policy.language_model.is_gradient_checkpointing
+    assert actor.policy.language_model.is_activation_checkpointing
     assert (stats, full) == reference
 
 

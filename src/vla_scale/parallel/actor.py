@@ -125,7 +125,9 @@ class Actor:
         else:
             policy = build(False)
         if ds.activation_checkpointing:
-            policy.language_model.gradient_checkpointing_enable({"use_reentrant": False})
+            lm = policy.language_model  # transformers renamed it in 5.x; older images have only the first name
+            enable = getattr(lm, "activation_checkpointing_enable", None) or lm.gradient_checkpointing_enable
+            enable({"use_reentrant": False})
         optimizer = torch.optim.AdamW(policy.parameters(), lr=algo.lr, weight_decay=algo.weight_decay)
         self.engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=self.ds_config)
         self.zero_stage = ds.zero_stage
