@@ -9,7 +9,8 @@ the defaults give sim busy / decode busy close to 1 on the 2-core machine (the t
 episodes per stage that a stage's work is long against the hand-over between the two sides.
 
 Columns: wall time, speedup over S=1, wall / max(sim busy, decode busy) (1.00 = perfect overlap), and the busy
-seconds of each side. Then env steps/s through the fleet against the same simulators stepped in plain processes.
+seconds of each side. Then env steps/s through the fleet against the same simulators stepped in plain processes; in
+both the simulators have core 1 to themselves (for the fleet, the driver and Ray's processes move to core 0).
 
     python benchmarks/pipeline_overlap.py [--episodes 256 --hidden 48 --layers 1 ...]
 """
@@ -17,6 +18,7 @@ seconds of each side. Then env steps/s through the fleet against the same simula
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import time
@@ -25,6 +27,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import numpy as np  # noqa: E402
+import psutil  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 
@@ -58,7 +61,8 @@ def parse() -> argparse.Namespace:
 def pin(pids: list[int], core: int) -> None:
     if (os.cpu_count() or 1) >= 2:
         for pid in pids:
-            os.sched_setaffinity(pid, {core})
+            with contextlib.suppress(ProcessLookupError):  # a thread or process that ended meanwhile
+                os.sched_setaffinity(pid, {core})
 
 
 def pin_fleet(fleet: SimFleet, worker_core: str) -> None:
@@ -128,11 +132,24 @@ def raw_steps_per_s(args: argparse.Namespace, chunks: int) -> float:
     return sum(s for s, _ in results) / max(t for _, t in results)
 
 
+def ray_and_driver_pids(sims: list[int]) -> list[int]:
+    """Every Ray process of this session (raylet, GCS, workers) and every thread of this process, but the sims."""
+    own = [int(t) for t in os.listdir("/proc/self/task")]
+    ray_procs = [p.pid for p in psutil.process_iter(["cmdline"])
+                 if p.pid not in sims and any("ray" in part for part in (p.info["cmdline"] or [])[:2])]
+    return own + ray_procs
+
+
 def fleet_steps_per_s(args: argparse.Namespace, chunks: int) -> float:
-    """Env steps/s through the Ray fleet: two requests in flight, chunks sent as soon as the answer arrives."""
+    """Env steps/s through the Ray fleet: two requests in flight, chunks sent as soon as the answer arrives.
+
+    As in the plain-process measurement, the simulator processes have the sim core to themselves: nothing decodes
+    here, so the driver's threads and Ray's processes are moved to the decode core for the duration."""
     fleet = SimFleet("reach", env_kwargs(args, endless=True), args.episodes, 1, args.sims, timeout_s=120, stages=2)
+    before = os.sched_getaffinity(0)
     try:
         pin_fleet(fleet, args.worker_core)
+        pin(ray_and_driver_pids(fleet.pids()), DECODE_CORE)
         stage = fleet.stage_of()
         everything = np.ones(args.episodes, dtype=bool)
         fleet.send_reset(tasks(args.episodes), everything)
@@ -149,6 +166,9 @@ def fleet_steps_per_s(args: argparse.Namespace, chunks: int) -> float:
         return steps / (time.perf_counter() - start)
     finally:
         fleet.close()
+        for tid in (int(t) for t in os.listdir("/proc/self/task")):  # back to where the rollout rows had them
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, before)
 
 
 def main() -> None:
