@@ -152,7 +152,7 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
     if wrong:
         raise RuntimeError(
             f"weight sync v{version}: the rollout engine's copies of {wrong[:3]} ({len(wrong)} tensors) differ from "
-            f"the actor's, so its checksum would not match the actor checksum {checksum}: parameter dtypes out of step?"
+            f"the actor's gathered weights (engine checksum {checksum}): parameter dtypes out of step?"
         )
     end = time.perf_counter()
     return SyncReport(version, checksum, end - start, total, buckets, verify_s + end - t0)
