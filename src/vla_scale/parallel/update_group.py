@@ -3,9 +3,7 @@
 Rank layout of an update group (world size = 1 + number of engine processes):
 
     group rank 0                 trainer rank 0, the only sender
-    group ranks 1 .. E           engine processes; an engine joins as `rank_offset + i` for its i-th member
-                                 (one engine per process: rank_offset = 1, 2, ...; a process hosting several engine
-                                 replicas passes the offset of its first one)
+    group ranks 1 .. E           engine processes, one engine each; engine process i joins with `rank_offset` = i
 
 Trainer ranks 1 .. N-1 are not members: under ZeRO-3 they join each bucket's gather on the trainer's own default
 group (a collective over all trainer ranks) and drop it, while rank 0 broadcasts the gathered bucket to the update
