@@ -171,13 +171,10 @@ def verify_parts(engine: RolloutEngine) -> None:
     from vla_scale.checksum import tensor_fingerprint
     from vla_scale.parallel.weight_sync import _differs
 
-    params = [p for p in engine.policy.parameters()]
-    copies = [p.clone() for p in params[:40]]  # a sample, to bound the memory
-    share = sum(p.numel() for p in params[:40]) / sum(p.numel() for p in params)
-    pairs = list(zip(params, copies, strict=False))
-    compare_s = timed(lambda: torch.stack([_differs(a, b) for a, b in pairs]).any().item(), engine.device, 3) / share
+    params = list(engine.policy.parameters())  # compared with themselves: the same reads as against a copy
+    compare_s = timed(lambda: torch.stack([_differs(p, p) for p in params]).any().item(), engine.device, 3)
     fingerprint_s = timed(lambda: torch.stack([tensor_fingerprint(p) for p in params]).cpu(), engine.device, 3)
-    say(f"verification over the whole model: bit comparison {compare_s:.3f} s (from {share:.0%} of it), "
+    say(f"verification over the whole model: bit comparison {compare_s:.3f} s, "
         f"fingerprints {fingerprint_s:.3f} s")
 
 
