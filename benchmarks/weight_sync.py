@@ -133,9 +133,10 @@ def build(cfg: ModelConfig, tok: WordTokenizer, ds: DeepSpeedConfig, device: tor
     return actor, RolloutEngine(policy, device, fast=False, compile=False)
 
 
-def bucket_table(actor: Actor, engine: RolloutEngine, buckets: list[int], floor_s: float, repeats: int):
+def bucket_table(actor: Actor, engine: RolloutEngine, buckets: list[int], floor_s: float, verified_floor_s: float,
+                 repeats: int):
     say(f"{'bucket MB':>9} {'buckets':>7} {'gather s':>8} {'unverif. s':>10} {'x floor':>7} {'sync s':>8} "
-        f"{'verify s':>8} {'GB/s':>7} {'x floor':>7} {'extra MiB':>9}")
+        f"{'verify s':>8} {'GB/s':>7} {'x floor':>7} {'x v.floor':>9} {'extra MiB':>9}")
     rows = []
     version = 0
     for mb in buckets:
@@ -154,9 +155,30 @@ def bucket_table(actor: Actor, engine: RolloutEngine, buckets: list[int], floor_
         peak = max(extra[1:] if repeats > 1 else extra)
         say(f"{mb:>9} {report.buckets:>7} {gather_s:>8.3f} {plain_s:>10.3f} {plain_s / floor_s:>7.2f} {seconds:>8.3f} "
             f"{statistics.median(verify):>8.3f} "
-            f"{report.bytes / seconds / 1e9:>7.1f} {seconds / floor_s:>7.2f} {peak:>9.0f}")
+            f"{report.bytes / seconds / 1e9:>7.1f} {seconds / floor_s:>7.2f} {seconds / verified_floor_s:>9.2f} "
+            f"{peak:>9.0f}")
         rows.append((mb, seconds, peak))
     return rows
+
+
+def gather_check(actor: Actor, bucket_mb: int) -> None:
+    """Our gathers against DeepSpeed's own (`GatheredParameters`, a few parameters at a time): same checksum?"""
+    import deepspeed
+
+    from vla_scale.parallel.weight_sync import Fingerprints
+
+    ours, theirs = Fingerprints(), Fingerprints()
+    for bucket in gathered_buckets(actor.policy, bucket_mb):
+        ours.add(bucket)
+    params = list(actor.policy.named_parameters())
+    for i in range(0, len(params), 16):
+        chunk = params[i : i + 16]
+        with deepspeed.zero.GatheredParameters([p for _, p in chunk]):
+            theirs.add([(name, p.data) for name, p in chunk])
+    same = ours.checksum() == theirs.checksum()
+    say(f"gather check: our coalesced all-gathers == DeepSpeed's GatheredParameters: {same} ({ours.checksum()})")
+    if not same:
+        raise SystemExit("the gathered weights differ from DeepSpeed's")
 
 
 def allocated_gib(device: torch.device) -> float:
@@ -166,14 +188,22 @@ def allocated_gib(device: torch.device) -> float:
     return psutil.Process().memory_info().rss / 2**30
 
 
-def verify_parts(engine: RolloutEngine) -> None:
+def verify_parts(engine: RolloutEngine, bucket_mb: int) -> None:
     """Where a sync's verification goes: the bit comparison and the fingerprints, each over the whole model."""
-    from vla_scale.checksum import tensor_fingerprint
-    from vla_scale.parallel.weight_sync import _differs
+    from vla_scale.checksum import fingerprints
+    from vla_scale.parallel.weight_sync import _compare
 
-    params = list(engine.policy.parameters())  # compared with themselves: the same reads as against a copy
-    compare_s = timed(lambda: torch.stack([_differs(p, p) for p in params]).any().item(), engine.device, 3)
-    fingerprint_s = timed(lambda: torch.stack([tensor_fingerprint(p) for p in params]).cpu(), engine.device, 3)
+    named = dict(engine.policy.named_parameters())
+    chunks, size = [[]], 0
+    for name, p in named.items():  # compared with themselves in buckets: the same reads as against a copy
+        if chunks[-1] and size + p.numel() * p.element_size() > bucket_mb * 2**20:
+            chunks.append([])
+            size = 0
+        chunks[-1].append((name, p))
+        size += p.numel() * p.element_size()
+    flags = lambda: torch.stack([f for chunk in chunks for _, f in _compare(chunk, named)]).any().item()  # noqa: E731
+    compare_s = timed(flags, engine.device, 3)
+    fingerprint_s = timed(lambda: fingerprints(list(named.values())).cpu(), engine.device, 3)
     say(f"verification over the whole model: bit comparison {compare_s:.3f} s, "
         f"fingerprints {fingerprint_s:.3f} s")
 
@@ -265,9 +295,14 @@ def main() -> None:
     say(f"floor: all-gather {gather_bw / 1e9:.0f} GB/s (output bytes), copy {copy_bw / 1e9:.0f} GB/s (read+write): "
         f"{nbytes / 1e9:.2f} GB / {gather_bw / 1e9:.0f} + 2 x {nbytes / 1e9:.2f} GB / {copy_bw / 1e9:.0f} "
         f"= {floor_s:.3f} s")
+    verify_bytes = 2 * nbytes + 2 * nbytes / world  # compare both copies; two fingerprint passes over this rank's half
+    verified_floor_s = floor_s + verify_bytes / copy_bw
+    say(f"verified floor: + ({2 * nbytes / 1e9:.2f} + {2 * nbytes / world / 1e9:.2f}) GB read / "
+        f"{copy_bw / 1e9:.0f} = {verified_floor_s:.3f} s")
     actor.update([micro_batch(cfg, tok, 2, rank)])  # optimizer state exists from here on
-    rows = bucket_table(actor, engine, args.buckets, floor_s, args.repeats)
-    verify_parts(engine)
+    gather_check(actor, args.buckets[-1])
+    rows = bucket_table(actor, engine, args.buckets, floor_s, verified_floor_s, args.repeats)
+    verify_parts(engine, args.buckets[-1])
     if not args.skip_memory:
         colocated_memory(actor, engine, min(rows, key=lambda r: r[1])[0])
     for batch in args.mfu_batch:

@@ -1,80 +1,133 @@
 """Fingerprints of exact weights, computed where the weights live (GPU or CPU).
 
 A weight sync moves billions of parameters; proving that the receiver holds exactly the sender's bytes must not
-copy them to the host, and must cost little next to the copy itself. `tensor_fingerprint` reads a tensor's bytes
-once, as a matrix of int8 rows of `_ROW` bytes, and multiplies it by a fixed int8 matrix of odd weights [_ROW, 8]
-with an exact integer matrix product (`torch._int_mm`, int32 results: no overflow at this row length); the 8 column
-sums of each row are then weighted by an odd number per row and added up in wrapping int64 arithmetic. Bytes that do
-not fill a row (and tensors too small for the matrix product) are weighted and summed one by one into lanes 0 and 1.
+copy them to the host, and must cost little next to the copy itself. A tensor's bytes are read as a matrix of int32
+words, `_WORDS` to a row (bytes that do not fill a row are its tail), and reduced twice by plain sums, the cheapest
+passes a device makes over memory:
 
-Why a single changed byte always shows: its change Δ (0 < |Δ| < 256) moves each of its row's 8 products by Δ times
-an odd weight, a non-zero amount below 2^15, and an odd row weight keeps that non-zero mod 2^64. Several changes
-cancel only by coincidence, in all 8 lanes at once. It detects bit flips, stale or missing buckets, dtype and order
-mix-ups; it is not a defence against deliberate collisions.
+- its row sums and its column sums, each modulo 2^32 (int32 results; wrapping keeps them exact modulo 2^32 whatever
+  the order or width of accumulation);
+- lanes 0 and 1: the row sums weighted by two odd numbers per row index, plus the tail's bytes weighted by odd
+  numbers per byte index; lanes 2 and 3: the column sums weighted by two odd numbers per column; all in wrapping
+  int64 arithmetic.
 
-`weights_checksum` hashes names, shapes, dtypes and fingerprints in name order: equal iff (up to that coincidence)
-the weights are identical.
+Why a single changed byte always shows: in the body it changes one int32 word by Δ, 0 < |Δ| < 2^32, so its row sum
+changes by a non-zero amount below 2^33 in magnitude, and an odd weight keeps that non-zero modulo 2^64; a tail
+byte changes by 0 < |Δ| < 256, likewise. Several changes cancel only by coincidence, in all four lanes at once (two
+swapped words still move the column lanes, or the row lanes). It detects bit flips, stale or missing buckets, dtype
+and order mix-ups; it is not a defence against deliberate collisions.
+
+The fingerprints of a list of tensors come from two reductions per tensor and a handful of kernels for the whole
+list, so thousands of small tensors cost little more than their bytes. `weights_checksum` hashes names, shapes,
+dtypes and fingerprints in name order: equal iff (up to that coincidence) the weights are identical.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
 
-_ROW = 4096  # bytes per row of the matrix product
-_MIN_ROWS = 32  # the int8 matrix product wants more than 16 rows
-_LANES = 8
-_TABLES: dict[tuple[str, str], Tensor] = {}
+_WORDS = 1024  # int32 words per row
+_ROW = 4 * _WORDS  # bytes per row
+_LANES = 4
+# odd multipliers of the weights (weights = index * multiplier * 2 + 1, wrapping)
+_ROW_MUL = (-7046029254386353131, 0x2545F4914F6CDD1D)
+_TAIL_MUL = (0x5851F42D4C957F2D, -4658895280553007687)
+_COL_MUL = (0x27BB2EE687B0B0FD, 0x14057B7EF767814F)
 
 
-def _table(device: torch.device, kind: str, n: int) -> Tensor:
-    """Deterministic odd weights: 'cols' int8[_ROW, 8], 'rows' int64[n] (grown as needed), 'bytes' int64[n]."""
-    key = (str(device), kind)
-    table = _TABLES.get(key)
-    if table is None or table.shape[0] < n:
-        pos = torch.arange(max(n, 1 << 12), dtype=torch.int64, device=device)
-        if kind == "cols":
-            lane = torch.arange(_LANES, dtype=torch.int64, device=device)
-            mixed = (pos[:_ROW, None] * 2654435761 + lane * 40503 + 12345) % 127
-            table = (mixed * 2 - 127).to(torch.int8)  # odd values in [-127, 125]
-        else:
-            table = pos * (-7046029254386353131 if kind == "rows" else 0x2545F4914F6CDD1D) * 2 + 1  # wraps; odd
-        _TABLES[key] = table
-    return table[:n]
+def _odd(index: Tensor, multiplier: int) -> Tensor:
+    return (index + 1) * multiplier * 2 + 1
 
 
-def _by_bytes(data: Tensor) -> Tensor:
-    """int64[2]: odd-weighted sums of single bytes (for what the matrix product does not cover)."""
-    weights = _table(data.device, "bytes", data.numel())
-    values = data.to(torch.int64)
-    return torch.stack([(values * weights).sum(), (values * (weights * 5 + 2)).sum()])
+def _segments(counts: list[int], device: torch.device) -> tuple[Tensor, Tensor]:
+    """For segments of the given lengths laid end to end: each element's segment and its index within it."""
+    lengths = _on_device(tuple(counts), device)
+    total = sum(counts)
+    segment = torch.repeat_interleave(torch.arange(len(counts), device=device), lengths, output_size=total)
+    starts = lengths.cumsum(0) - lengths
+    return segment, torch.arange(total, device=device) - starts[segment]
 
 
-def tensor_fingerprint(tensor: Tensor) -> Tensor:
-    """int64[8] on the tensor's device (module docstring)."""
+_LENGTHS: dict[tuple[tuple[int, ...], str], Tensor] = {}
+
+
+def _on_device(counts: tuple[int, ...], device: torch.device) -> Tensor:
+    """`counts` as an int64 tensor on `device`. A copy from the host waits for the work queued on the device, so the
+    tensors are kept: a weight sync asks for the same bucket layouts every time."""
+    key = (counts, str(device))
+    if key not in _LENGTHS:
+        if len(_LENGTHS) > 4096:
+            _LENGTHS.clear()
+        _LENGTHS[key] = torch.tensor(counts, dtype=torch.int64, device=device)
+    return _LENGTHS[key]
+
+
+def _segment_sums(values: Tensor, segment: Tensor, n: int) -> Tensor:
+    """Wrapping int64 sums of the rows of `values` [N, L] per segment: [n, L] (integer adds: order-free, exact)."""
+    return torch.zeros((n, values.shape[1]), dtype=torch.int64, device=values.device).index_add_(0, segment, values)
+
+
+def _bytes(tensor: Tensor) -> Tensor:
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-    rows = flat.numel() // _ROW if flat.numel() >= _ROW * _MIN_ROWS else 0
-    out = torch.zeros(_LANES, dtype=torch.int64, device=flat.device)
-    if rows:
-        matrix = flat[: rows * _ROW].view(torch.int8).view(rows, _ROW)
-        products = torch._int_mm(matrix, _table(flat.device, "cols", _ROW))  # int32[rows, 8], exact
-        out += (products.to(torch.int64) * _table(flat.device, "rows", rows)[:, None]).sum(dim=0)
-    tail = flat[rows * _ROW :]
-    if tail.numel():
-        out[:2] += _by_bytes(tail)
+    return flat if flat.data_ptr() % 4 == 0 else flat.clone()  # int32 views need aligned storage
+
+
+def fingerprints(tensors: Sequence[Tensor]) -> Tensor:
+    """int64[len(tensors), 4] on the tensors' device (module docstring); all tensors on one device."""
+    if not tensors:
+        return torch.zeros((0, _LANES), dtype=torch.int64)
+    device = tensors[0].device
+    if any(t.device != device for t in tensors):
+        raise ValueError("fingerprints: all tensors must be on one device")
+    flats = [_bytes(t) for t in tensors]
+    rows = [f.numel() // _ROW for f in flats]
+    row_sums = torch.zeros(max(sum(rows), 1), dtype=torch.int32, device=device)
+    col_sums = torch.zeros((len(flats), _WORDS), dtype=torch.int32, device=device)
+    start = 0
+    for i, (flat, n) in enumerate(zip(flats, rows, strict=True)):
+        if n:
+            body = flat[: n * _ROW].view(torch.int32).view(n, _WORDS)
+            torch.sum(body, dim=1, dtype=torch.int32, out=row_sums[start : start + n])
+            torch.sum(body, dim=0, dtype=torch.int32, out=col_sums[i])
+            start += n
+    out = torch.zeros((len(flats), _LANES), dtype=torch.int64, device=device)
+    if sum(rows):
+        segment, index = _segments(rows, device)
+        weighted = row_sums[: sum(rows)].to(torch.int64)[:, None] * torch.stack([_odd(index, m) for m in _ROW_MUL], 1)
+        out[:, :2] += _segment_sums(weighted, segment, len(flats))
+    columns = torch.arange(_WORDS, dtype=torch.int64, device=device)
+    col_weights = torch.stack([_odd(columns, m) for m in _COL_MUL], 1)  # [_WORDS, 2]
+    out[:, 2:] = (col_sums.to(torch.int64)[:, :, None] * col_weights).sum(1)
+    tails = [flat[n * _ROW :] for flat, n in zip(flats, rows, strict=True)]
+    lengths = [t.numel() for t in tails]
+    if sum(lengths):
+        segment, index = _segments(lengths, device)
+        values = torch.cat(tails).to(torch.int64)[:, None] * torch.stack([_odd(index, m) for m in _TAIL_MUL], 1)
+        out[:, :2] += _segment_sums(values, segment, len(flats))
     return out
 
 
-def fingerprint_entry(name: str, tensor: Tensor) -> tuple[str, Tensor]:
-    """(name with shape and dtype, fingerprint): what a checksum is built from, one tensor at a time."""
-    return f"{name}:{tuple(tensor.shape)}:{tensor.dtype}", tensor_fingerprint(tensor)
+def tensor_fingerprint(tensor: Tensor) -> Tensor:
+    """int64[4] on the tensor's device."""
+    return fingerprints([tensor])[0]
+
+
+def fingerprint_entries(named: Sequence[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
+    """(name with shape and dtype, fingerprint) per tensor: what a checksum is built from."""
+    prints = fingerprints([t for _, t in named])
+    return [(_key(name, t), prints[i]) for i, (name, t) in enumerate(named)]
+
+
+def _key(name: str, tensor: Tensor) -> str:
+    return f"{name}:{tuple(tensor.shape)}:{tensor.dtype}"
 
 
 def checksum_of(entries: list[tuple[str, Tensor]]) -> str:
-    """Hex digest of `fingerprint_entry` results, in name order (one device->host copy for all of them)."""
+    """Hex digest of `fingerprint_entries` results, in name order (one device->host copy for all of them)."""
     entries = sorted(entries, key=lambda item: item[0])
     host = torch.stack([fp for _, fp in entries]).cpu().numpy() if entries else None
     digest = hashlib.blake2b(digest_size=16)
@@ -86,4 +139,11 @@ def checksum_of(entries: list[tuple[str, Tensor]]) -> str:
 
 def weights_checksum(named_tensors: Iterable[tuple[str, Tensor]]) -> str:
     """Checksum of names, shapes, dtypes and exact bytes."""
-    return checksum_of([fingerprint_entry(name, t) for name, t in named_tensors])
+    by_device: dict[torch.device, list[tuple[str, Tensor]]] = {}
+    for name, tensor in named_tensors:
+        by_device.setdefault(tensor.device, []).append((name, tensor))
+    entries = []
+    for group in by_device.values():
+        prints = fingerprints([t for _, t in group]).cpu()  # one device->host copy per device
+        entries += [(_key(name, t), prints[i]) for i, (name, t) in enumerate(group)]
+    return checksum_of(entries)

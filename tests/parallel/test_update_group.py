@@ -41,7 +41,7 @@ def _trainer(rank: int, trainer_port: int, update_port: int, out: mp.Queue) -> N
     group = UpdateGroup.connect("127.0.0.1", update_port, 0, 2, timeout_s=120) if rank == 0 else None
     for version in (1, 2):
         report = broadcast_sync(actor.policy, group, version, BUCKET_MB)
-        full = weights_checksum([(n, t.clone()) for b in gathered_buckets(actor.policy, 1) for n, t in b])
+        full = weights_checksum([(n, t.clone()) for b in gathered_buckets(actor.policy, 0.01) for n, t in b])
         with deepspeed.zero.GatheredParameters(list(actor.policy.parameters())):  # DeepSpeed's own gather
             reference = weights_checksum([(n, p.data.clone()) for n, p in actor.policy.named_parameters()])
         out.put(("trainer", rank, version, report.checksum, report.buckets, full, reference))

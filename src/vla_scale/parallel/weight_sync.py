@@ -1,11 +1,12 @@
 """Weight sync: actor (DeepSpeed, possibly ZeRO-3 sharded) -> rollout engine, in buckets, proven by a checksum.
 
 Rank layout (colocated mode): every trainer rank r holds its ZeRO shard of the actor and a full rollout-engine
-replica. A sync walks the actor's parameters in name order, gathers at most `bucket_mb` of them at a time
-(`deepspeed.zero.GatheredParameters`, a collective every rank joins), copies each gathered bucket into rank r's own
-engine, then releases it. No rank ever holds more than one bucket of gathered parameters beyond its engine copy.
-Each rank checks that its engine's copy of every tensor is bit-identical to the gathered one (a mismatch is an
-error) and fingerprints its share of the tensors; the shares form one checksum of the whole model (`checksum.py`).
+replica. A sync walks the actor's parameters in name order, gathers at most `bucket_mb` of them at a time (one
+coalesced all-gather of the bucket's ZeRO-3 shards, a collective every rank joins), copies each gathered bucket into
+rank r's own engine, then releases it; the next bucket's all-gather runs while this one is copied and checked. No
+rank ever holds more than two buckets of gathered parameters beyond its engine copy. Each rank checks that its
+engine's copy of every tensor is bit-identical to the gathered one (a mismatch is an error) and fingerprints its
+share of the tensors; the shares form one checksum of the whole model (`checksum.py`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import deepspeed
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.distributed_c10d import _coalescing_manager
 
-from vla_scale.checksum import checksum_of, fingerprint_entry
+from vla_scale.checksum import checksum_of, fingerprint_entries
 
 if TYPE_CHECKING:
     from vla_scale.rollout.engine import RolloutEngine
@@ -45,34 +47,53 @@ def gathered_buckets(module: nn.Module, bucket_mb: float) -> Iterator[list[tuple
     """Yield lists of (name, full tensor), each at most `bucket_mb` (a larger single tensor is its own bucket).
 
     The tensors are valid only until the next item is requested: consumers copy them. Under ZeRO-3 every trainer
-    rank must walk the same buckets (each gather is a collective).
+    rank must walk the same buckets (each gather is a collective). While the consumer works on one bucket, the next
+    one's all-gather is already in flight (`_FlatGather`), so at most two buckets are gathered at a time.
     """
+    plan = _bucket_plan(module, bucket_mb)
+    ahead: _FlatGather | None = None
+    for i, bucket in enumerate(plan):
+        current = ahead or _start(bucket)
+        following = plan[i + 1] if i + 1 < len(plan) else None
+        ahead = _FlatGather(following) if following and isinstance(current, _FlatGather) and _flat(following) else None
+        if isinstance(current, _FlatGather):
+            yield current.result()
+        else:
+            yield from current
+
+
+def _bucket_plan(module: nn.Module, bucket_mb: float) -> list[list[tuple[str, nn.Parameter]]]:
     limit = bucket_mb * 2**20
-    bucket: list[tuple[str, nn.Parameter]] = []
+    plan: list[list[tuple[str, nn.Parameter]]] = [[]]
     size = 0
     for name, param in module.named_parameters():
-        if bucket and size + _param_bytes(param) > limit:
-            yield from _gather(bucket)
-            bucket, size = [], 0
-        bucket.append((name, param))
+        if plan[-1] and size + _param_bytes(param) > limit:
+            plan.append([])
+            size = 0
+        plan[-1].append((name, param))
         size += _param_bytes(param)
-    if bucket:
-        yield from _gather(bucket)
+    return plan if plan[-1] else []
+
+
+def _start(bucket: list[tuple[str, nn.Parameter]]) -> _FlatGather | Iterator[list[tuple[str, Tensor]]]:
+    return _FlatGather(bucket) if _flat(bucket) else _gather(bucket)
 
 
 def _gather(bucket: list[tuple[str, nn.Parameter]]) -> Iterator[list[tuple[str, Tensor]]]:
     params = [p for _, p in bucket]
     if not any(hasattr(p, "ds_id") for p in params):
         yield [(name, p.data) for name, p in bucket]
-    elif _one_collective_possible(params):
-        yield _gather_flat(bucket)
     else:
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
             yield [(name, p.data) for name, p in bucket]
 
 
-def _one_collective_possible(params: list[nn.Parameter]) -> bool:
-    """All shards in device memory of one dtype, over one process group (not offloaded to the CPU under NCCL)."""
+def _flat(bucket: list[tuple[str, nn.Parameter]]) -> bool:
+    """ZeRO-3 shards all in device memory, of one dtype, over one process group (not offloaded to the CPU under
+    NCCL): one all-gather can fetch them."""
+    params = [p for _, p in bucket]
+    if not all(hasattr(p, "ds_id") for p in params):
+        return False
     shards = [p.ds_tensor for p in params]
     if len({(t.dtype, t.device) for t in shards}) != 1 or len({id(p.ds_process_group) for p in params}) != 1:
         return False
@@ -80,26 +101,32 @@ def _one_collective_possible(params: list[nn.Parameter]) -> bool:
     return not on_cpu or dist.get_backend(params[0].ds_process_group) == "gloo"
 
 
-def _gather_flat(bucket: list[tuple[str, nn.Parameter]]) -> list[tuple[str, Tensor]]:
-    """The bucket's full tensors from one all-gather of all its ZeRO-3 shards (instead of one gather per parameter).
+class _FlatGather:
+    """A bucket's full tensors from one coalesced all-gather of its ZeRO-3 shards (instead of DeepSpeed's gather per
+    parameter), started at construction and waited for in `result`.
 
     ZeRO-3 splits each flattened parameter into `world` equal shards (the last one padded), shard r on rank r
-    (`param.ds_tensor`). Every rank concatenates its shards of the bucket; after the all-gather, row r of the result
-    holds rank r's, and parameter p is the concatenation of its column range over the rows, cut to its size.
+    (`param.ds_tensor`). Each parameter's shards are gathered into its own stretch of one buffer, rank after rank:
+    the first `ds_numel` elements of the stretch are the whole parameter, usable in place (no copy, no
+    concatenation). The gathers of a bucket go out as one group (`_coalescing_manager`): one launch, one wait.
     """
-    group = bucket[0][1].ds_process_group
-    shards = [p.ds_tensor.reshape(-1) for _, p in bucket]
-    local = torch.cat(shards)
-    world = dist.get_world_size(group)
-    rows = torch.empty(world * local.numel(), dtype=local.dtype, device=local.device)
-    dist.all_gather_into_tensor(rows, local, group=group)
-    rows = rows.view(world, local.numel())
-    out, offset = [], 0
-    for (name, param), shard in zip(bucket, shards, strict=True):
-        full = rows[:, offset : offset + shard.numel()].reshape(-1)[: param.ds_numel]
-        out.append((name, full.view(param.ds_shape)))
-        offset += shard.numel()
-    return out
+
+    def __init__(self, bucket: list[tuple[str, nn.Parameter]]):
+        self.bucket = bucket
+        group = bucket[0][1].ds_process_group
+        world = dist.get_world_size(group)
+        shards = [p.ds_tensor.reshape(-1) for _, p in bucket]
+        sizes = [world * shard.numel() for shard in shards]
+        self.buffer = torch.empty(sum(sizes), dtype=shards[0].dtype, device=shards[0].device)
+        self.outputs = list(torch.split(self.buffer, sizes))
+        with _coalescing_manager(group, async_ops=True) as self.work:
+            for out, shard in zip(self.outputs, shards, strict=True):
+                dist.all_gather_into_tensor(out, shard, group=group)
+
+    def result(self) -> list[tuple[str, Tensor]]:
+        self.work.wait()
+        return [(name, out[: param.ds_numel].view(param.ds_shape))
+                for (name, param), out in zip(self.bucket, self.outputs, strict=True)]
 
 
 class Fingerprints:
@@ -109,7 +136,7 @@ class Fingerprints:
         self.entries: list[tuple[str, Tensor]] = []
 
     def add(self, bucket: list[tuple[str, Tensor]]) -> None:
-        self.entries.extend(fingerprint_entry(name, t) for name, t in bucket)
+        self.entries.extend(fingerprint_entries(bucket))
 
     def checksum(self) -> str:
         return checksum_of(self.entries)
@@ -126,8 +153,8 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
     start = time.perf_counter()
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     mine = Fingerprints()
-    names: list[str] = []
-    differs: list[Tensor] = []  # one device flag per tensor, read once at the end (no sync per tensor)
+    groups: list[list[str]] = []
+    differs: list[Tensor] = []  # one device flag per group of tensors, read once at the end (no sync per bucket)
     total = buckets = index = 0
     engine_params = dict(engine.policy.named_parameters())
     verify_s = 0.0
@@ -138,8 +165,9 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
         if not verify:
             continue
         t0 = time.perf_counter()
-        names += [name for name, _ in bucket]
-        differs += [_differs(engine_params[name], t) for name, t in bucket]
+        for group, flag in _compare(bucket, engine_params):
+            groups.append(group)
+            differs.append(flag)
         mine.add([(name, engine_params[name]) for i, (name, _) in enumerate(bucket, index) if i % world == rank])
         verify_s += time.perf_counter() - t0
         index += len(bucket)
@@ -148,25 +176,40 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
         return SyncReport(version, "", time.perf_counter() - start, total, buckets)
     t0 = time.perf_counter()
     checksum = mine.checksum() if world == 1 else _all_ranks_checksum(mine)
-    wrong = [name for name, bad in zip(names, torch.stack(differs).tolist(), strict=True) if bad]
+    wrong = [group for group, bad in zip(groups, torch.stack(differs).tolist(), strict=True) if bad]
     if wrong:
+        names = [name for group in wrong for name in group]
         raise RuntimeError(
-            f"weight sync v{version}: the rollout engine's copies of {wrong[:3]} ({len(wrong)} tensors) differ from "
-            f"the actor's gathered weights (engine checksum {checksum}): parameter dtypes out of step?"
+            f"weight sync v{version}: the rollout engine's copies of {names[:3]} (in {len(wrong)} group(s) of "
+            f"{len(names)} tensors) differ from the actor's gathered weights (engine checksum {checksum}): parameter "
+            "dtypes out of step?"
         )
     end = time.perf_counter()
     return SyncReport(version, checksum, end - start, total, buckets, verify_s + end - t0)
 
 
-def _differs(a: Tensor, b: Tensor) -> Tensor:
-    """A device bool: do the two tensors differ in dtype, shape or any bit?"""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return torch.ones((), dtype=torch.bool, device=a.device)
-    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return (a.reshape(-1).view(as_int) != b.detach().reshape(-1).view(as_int)).any()
+def _compare(bucket: list[tuple[str, Tensor]], engine_params: dict[str, Tensor]) -> list[tuple[list[str], Tensor]]:
+    """Device flags: does the engine's copy differ from the gathered tensor in dtype, shape or any bit? One flag per
+    group of tensors of one dtype (compared as one concatenation of their bytes: a few kernels per bucket, not a few
+    per tensor), and one per tensor of the wrong dtype or shape."""
+    out: list[tuple[list[str], Tensor]] = []
+    groups: dict[tuple[torch.dtype, torch.device], list[tuple[str, Tensor, Tensor]]] = {}
+    for name, sent in bucket:
+        held = engine_params[name]
+        if held.dtype != sent.dtype or held.shape != sent.shape:
+            out.append(([name], torch.ones((), dtype=torch.bool, device=held.device)))
+        else:
+            groups.setdefault((held.dtype, held.device), []).append((name, held, sent))
+    for (dtype, _), items in groups.items():
+        as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+        held = torch.cat([h.detach().reshape(-1) for _, h, _ in items]).view(as_int)
+        sent = torch.cat([t.detach().reshape(-1) for _, _, t in items]).to(held.device).view(as_int)
+        out.append(([name for name, _, _ in items], (held != sent).any()))
+    return out
 
 
 def _all_ranks_checksum(mine: Fingerprints) -> str:
     shares: list = [None] * dist.get_world_size()
-    dist.all_gather_object(shares, [(key, fp.cpu()) for key, fp in mine.entries])
+    host = torch.stack([fp for _, fp in mine.entries]).cpu() if mine.entries else []  # one device->host copy
+    dist.all_gather_object(shares, [(key, host[i]) for i, (key, _) in enumerate(mine.entries)])
     return checksum_of([entry for share in shares for entry in share])

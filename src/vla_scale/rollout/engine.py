@@ -116,13 +116,16 @@ class RolloutEngine:
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
         """Copy the given parameters into the engine's weights (a subset per call: buckets) and set the version."""
         params = dict(self.policy.named_parameters())
+        targets, sources = [], []
         for name, tensor in named_tensors:
             if name not in params:
                 raise KeyError(f"weight sync sent {name!r}, which the rollout engine's policy does not have")
             target = params[name]
             if target.shape != tensor.shape:
                 raise ValueError(f"weight sync shape mismatch for {name}: engine {target.shape} vs {tensor.shape}")
-            target.copy_(tensor.to(target.device, target.dtype))
+            targets.append(target.data)
+            sources.append(tensor.to(target.device, target.dtype))
+        torch._foreach_copy_(targets, sources)  # one call for the whole bucket, not one copy per tensor
         self.version = version
         self._awaiting_sync = False
 
