@@ -54,6 +54,7 @@ BAD = [
     (["env.num_train_init_states=45"], ["env.num_train_init_states", "env.num_eval_init_states", "50"]),
     (["deepspeed.zero_stage=4"], ["deepspeed.zero_stage=4"]),
     (["deepspeed=zero2", "deepspeed.offload_param=true"], ["deepspeed.offload_param=true", "zero_stage=3"]),
+    (["deepspeed=zero2", "deepspeed.leaf_modules=true"], ["deepspeed.leaf_modules=true", "zero_stage=3"]),
     (["deepspeed=zero3_offload", "deepspeed.offload_states_during_rollout=true"],
      ["deepspeed.offload_states_during_rollout=true", "offload_optimizer=false"]),
 ]

@@ -184,7 +184,11 @@ class DeepSpeedConfig:
     offload_param: bool = False
     """Keep the ZeRO-3 parameter shards on the CPU, fetched for each layer as it runs (ZeRO-Infinity style)."""
     activation_checkpointing: bool = False
-    """Recompute the Llama layers' activations in the backward pass instead of storing them."""
+    """Recompute the activations of the Llama layers and the vision towers' blocks in the backward pass instead of
+    storing them (only each block's input is kept)."""
+    leaf_modules: bool = False
+    """ZeRO-3: fetch each Llama layer's and vision block's parameters at once on entering it (DeepSpeed leaf modules)
+    instead of hooking every submodule: far fewer hooks and gathers per step on big models."""
     param_persistence_threshold: int = 0
     """ZeRO-3: parameters of at most this many elements stay whole on every rank instead of being gathered at each
     use (0 shards everything; DeepSpeed's own default is 100000). Fewer, larger gathers per step on big models."""
@@ -351,8 +355,9 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     ds = cfg.deepspeed
     if ds.sync_verify_every < 1:
         problems.append(f"deepspeed.sync_verify_every={ds.sync_verify_every} must be >= 1 (1 verifies every sync)")
-    if ds.offload_param and ds.zero_stage != 3:
-        problems.append(f"deepspeed.offload_param=true needs deepspeed.zero_stage=3 (got {ds.zero_stage})")
+    for key in ("offload_param", "leaf_modules"):
+        if getattr(ds, key) and ds.zero_stage != 3:
+            problems.append(f"deepspeed.{key}=true needs deepspeed.zero_stage=3 (got {ds.zero_stage})")
     if ds.offload_states_during_rollout and (ds.zero_stage != 3 or ds.offload_optimizer or ds.offload_param):
         problems.append("deepspeed.offload_states_during_rollout=true needs deepspeed.zero_stage=3 with "
                         "offload_optimizer=false and offload_param=false (states already on the CPU cannot move)")

@@ -3,11 +3,13 @@
 import numpy as np
 import pytest
 import torch
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from vla_scale.checksum import weights_checksum
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer, build_policy
+from vla_scale.models.vision import Block
 from vla_scale.parallel.actor import Actor, init_distributed
 from vla_scale.parallel.weight_sync import gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
@@ -66,7 +68,32 @@ def test_offloaded_optimizer_states_train_exactly_as_resident_ones(reference):
 def test_activation_checkpointing_recomputes_and_trains_the_same(reference):
     stats, full, actor = _train(DeepSpeedConfig(zero_stage=3, activation_checkpointing=True))
     assert actor.policy.language_model.is_activation_checkpointing
+    assert actor.policy.vision_backbone.featurizer.checkpointing
     assert (stats, full) == reference
+
+
+def test_vision_blocks_recompute_in_the_backward_pass():
+    torch.manual_seed(0)
+    policy = build_policy(CFG, TOK)
+    calls = []
+    block = policy.vision_backbone.featurizer.blocks[0]
+    forward = block.forward
+    block.forward = lambda x: calls.append(1) or forward(x)
+    policy(_batch(0)).sum().backward()
+    assert len(calls) == 1
+    policy.vision_backbone.checkpointing_enable()
+    policy(_batch(0)).sum().backward()
+    assert len(calls) == 3  # forward, then again in the backward pass
+
+
+def test_leaf_modules_fetch_whole_blocks_and_train_alike(reference):
+    """The same training to float rounding (not bit for bit)."""
+    stats, _, actor = _train(DeepSpeedConfig(zero_stage=3, leaf_modules=True, activation_checkpointing=True))
+    leaves = {id(m) for m in actor.policy.modules() if getattr(m, "_z3_leaf", False)}
+    blocks = {id(m) for m in actor.policy.modules() if isinstance(m, (Block, LlamaDecoderLayer))}
+    assert len(blocks) == CFG.num_layers + CFG.vision_layers and leaves == blocks
+    for ours, theirs in zip(stats, reference[0], strict=True):
+        assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-7)
 
 
 def test_offloaded_parameters_train_the_same(reference):

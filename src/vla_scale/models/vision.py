@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 IMAGENET_MEAN_STD = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 HALF_MEAN_STD = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
@@ -209,6 +210,7 @@ class ViT(nn.Module):
         self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.depth))
         self.norm = nn.LayerNorm(dim, eps=spec.norm_eps)
         self.attn_pool = AttentionPoolHead(spec) if spec.map_head else None
+        self.checkpointing = False  # recompute each block's activations in the backward pass (training only)
         self._freeze_unused()
 
     def _freeze_unused(self) -> None:
@@ -228,8 +230,9 @@ class ViT(nn.Module):
 
     def forward(self, pixels: Tensor) -> Tensor:
         x = self.norm_pre(self._prefix_and_positions(self.patch_embed(pixels)))
+        recompute = self.checkpointing and torch.is_grad_enabled()
         for block in self.blocks[: self.spec.blocks_run]:
-            x = block(x)
+            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         if self.spec.norm_features:
             x = self.norm(x)
         return x[:, self.spec.num_prefix_tokens :]
@@ -252,6 +255,12 @@ class VisionBackbone(nn.Module):
         self.embed_dim = sum(t.embed_dim for t in towers)
         self.channels_per_image = 3 * len(towers)
         self.patches_per_image = towers[0].num_patches
+
+    def checkpointing_enable(self) -> None:
+        """Store only each block's input in training and recompute the rest in the backward pass."""
+        for tower in (self.featurizer, self.fused_featurizer):
+            if tower is not None:
+                tower.checkpointing = True
 
     def num_images(self, pixel_values: Tensor) -> int:
         channels = pixel_values.shape[1]

@@ -15,10 +15,13 @@ from typing import Any
 import deepspeed
 import torch
 import torch.distributed as dist
+from deepspeed.utils import set_z3_leaf_modules
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from vla_scale.algo import clipped_policy_loss, logprobs_from_logits, token_entropy
 from vla_scale.config import AlgoConfig, DeepSpeedConfig
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
+from vla_scale.models.vision import Block
 
 
 def _free_port() -> int:
@@ -128,7 +131,13 @@ class Actor:
             lm = policy.language_model  # transformers renamed it in 5.x; older images have only the first name
             enable = getattr(lm, "activation_checkpointing_enable", None) or lm.gradient_checkpointing_enable
             enable({"use_reentrant": False})
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=algo.lr, weight_decay=algo.weight_decay)
+            policy.vision_backbone.checkpointing_enable()
+        if ds.leaf_modules:
+            set_z3_leaf_modules(policy, [LlamaDecoderLayer, Block])
+        # On GPUs torch's fused AdamW: one pass over the fp32 master weights and moments per step instead of one per
+        # arithmetic operation (docs/performance.md).
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=algo.lr, weight_decay=algo.weight_decay,
+                                      fused=torch.cuda.is_available() or None)
         self.engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=self.ds_config)
         self.zero_stage = ds.zero_stage
         self.states_offloaded = False
