@@ -122,7 +122,7 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     stages = e.rollout.pipeline_stage_num
     size = e.num_workers * e.sims_per_worker * stages
     fleet = SimFleet(e.name, env_kwargs(e), size, e.num_workers, e.sims_per_worker, e.step_timeout_s, stages=stages,
-                     max_failures=e.max_failures)
+                     max_failures=e.max_failures, in_process=e.sim_workers_in_trainer)
     loop = EnvLoop(fleet, engine, Processor(cfg.model, tokenizer), math.ceil(e.max_steps / cfg.model.chunk_len))
     results: dict[int, list[bool]] = {task: [] for task in range(e.num_tasks)}
     trajs = []

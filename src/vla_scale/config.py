@@ -118,13 +118,17 @@ class EnvConfig:
     eval_videos_per_task: int = 0
     """Evaluation episodes per task saved as MP4 in the run directory and logged to TensorBoard (0: none)."""
     num_workers: int = 2
-    """Ray sim workers (per trainer rank)."""
+    """Sim workers (per trainer rank)."""
     sims_per_worker: int = 2
     """Simulator subprocesses per sim worker."""
     step_timeout_s: float = 60.0
     """Deadline for one simulator call (reset or one chunk)."""
     max_failures: int = 3
     """A simulator process that fails this many times in a row stops the run (each failure restarts it)."""
+    sim_workers_in_trainer: bool = True
+    """Colocated mode only: run the sim workers inside the trainer process, so a pipeline-stage hand-over is a pipe
+    write and read to the simulator processes with no Ray call (false: Ray actors; disaggregated mode always uses
+    Ray actors on the simulation nodes)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """How the env loop overlaps simulation and decoding."""
     disagg_sim: DisaggSimConfig = field(default_factory=DisaggSimConfig)

@@ -92,7 +92,8 @@ class Trainer:
         return SimFleet(cfg.env.name, env_kwargs(cfg.env), self.groups * cfg.algo.group_size,
                         cfg.env.num_workers, cfg.env.sims_per_worker, cfg.env.step_timeout_s,
                         stages=cfg.env.rollout.pipeline_stage_num,
-                        max_failures=cfg.env.max_failures, sim_resource=disagg.enable)
+                        max_failures=cfg.env.max_failures, sim_resource=disagg.enable,
+                        in_process=cfg.env.sim_workers_in_trainer)
 
     # ---- the loop -------------------------------------------------------------------------------------------------
     def train(self) -> dict[str, float]:

@@ -1,4 +1,7 @@
-"""The env loop on the real Ray fleet with real MuJoCo simulators and the real rollout engine."""
+"""The env loop on the real fleet with real MuJoCo simulators and the real rollout engine.
+
+Every test runs for both placements of the sim workers: inside this process ("trainer") and as Ray actors ("actor").
+"""
 
 import numpy as np
 import pytest
@@ -18,23 +21,29 @@ CFG = ModelConfig(image_size=32, patch_size=16, vision_dim=32, hidden_size=32, n
 
 
 @pytest.fixture(scope="module")
-def setup():
+def ray_session():
     start_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module", params=["trainer", "actor"])
+def setup(ray_session, request):
     fleet = SimFleet("reach", {"camera_resolution": 32, "max_steps": 12}, size=4, num_workers=2,
-                     sims_per_worker=2, timeout_s=60)
+                     sims_per_worker=2, timeout_s=60, in_process=request.param == "trainer")
     tok = WordTokenizer.from_instructions(instructions())
     torch.manual_seed(0)
     engine = RolloutEngine(build_policy(CFG, tok), seed=0)
     engine.version = 5
     yield fleet, engine, Processor(CFG, tok)
     fleet.close()
-    ray.shutdown()
 
 
 def test_fleet_places_simulators_on_distinct_processes(setup):
     fleet, _, _ = setup
-    pids = [pid for w in fleet.workers for pid in ray.get(w.pids.remote())]
-    assert len(set(pids)) == 4
+    pids = fleet.pids()
+    assert len(pids) == 4 and len(set(pids)) == 4
+    assert not set(pids) & set(fleet.worker_pids())
 
 
 def test_fleet_answers_in_episode_order(setup):

@@ -1,4 +1,8 @@
-"""Pipelined env loop and fault handling on the real Ray fleet with real MuJoCo simulator processes."""
+"""Pipelined env loop and fault handling on the real fleet with real MuJoCo simulator processes.
+
+Fleet tests run for both placements of the sim workers: inside this process ("trainer", the direct path) and as
+Ray actors ("actor").
+"""
 
 import os
 import random
@@ -7,6 +11,7 @@ import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
 import ray
 import torch
@@ -16,7 +21,7 @@ from vla_scale.envs.reach import instructions
 from vla_scale.envs.sim_process import SimulatorError
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import Processor, WordTokenizer, build_policy
-from vla_scale.parallel.fleet import SimFleet, start_ray
+from vla_scale.parallel.fleet import SimFleet, SimWorker, start_ray
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop
 
@@ -33,11 +38,18 @@ def parts():
     ray.shutdown()
 
 
-def make_fleet(stages: int, max_steps: int = 12, timeout_s: float = 60.0, max_failures: int = 3) -> SimFleet:
+@pytest.fixture(params=["trainer", "actor"])
+def in_process(request) -> bool:
+    """Sim workers inside this process (the direct path), or Ray actors."""
+    return request.param == "trainer"
+
+
+def make_fleet(stages: int, max_steps: int = 12, timeout_s: float = 60.0, max_failures: int = 3,
+               in_process: bool = True) -> SimFleet:
     """Simulator processes get 20 s to start (a process stopped while starting is detected after that)."""
     return SimFleet("reach", {"camera_resolution": 32, "max_steps": max_steps}, size=8,
                     num_workers=2 if stages < 4 else 1, sims_per_worker=2, timeout_s=timeout_s, stages=stages,
-                    max_failures=max_failures, boot_timeout_s=20.0)
+                    max_failures=max_failures, boot_timeout_s=20.0, in_process=in_process)
 
 
 def tasks_and_uids(n: int, first_state: int = 0):
@@ -55,9 +67,9 @@ def test_stages_interleave_over_every_process(parts):
 
 
 @pytest.mark.parametrize("stages", [1, 2, 4])
-def test_episode_order_and_uids_survive_stages(parts, stages):
+def test_episode_order_and_uids_survive_stages(parts, stages, in_process):
     engine, processor = parts
-    fleet = make_fleet(stages)
+    fleet = make_fleet(stages, in_process=in_process)
     try:
         loop = EnvLoop(fleet, engine, processor, max_chunks=3)
         tasks, uids = tasks_and_uids(12)  # 1.5 rounds of 8 slots
@@ -69,9 +81,9 @@ def test_episode_order_and_uids_survive_stages(parts, stages):
         fleet.close()
 
 
-def test_prefetched_resets_are_used_and_wrong_ones_are_dropped(parts):
+def test_prefetched_resets_are_used_and_wrong_ones_are_dropped(parts, in_process):
     engine, processor = parts
-    fleet = make_fleet(stages=2)
+    fleet = make_fleet(stages=2, in_process=in_process)
     try:
         loop = EnvLoop(fleet, engine, processor, max_chunks=2)
         tasks, uids = tasks_and_uids(8)
@@ -84,11 +96,11 @@ def test_prefetched_resets_are_used_and_wrong_ones_are_dropped(parts):
         fleet.close()
 
 
-def test_local_workers_leave_images_in_shared_memory_and_answers_match(parts):
+def test_local_workers_leave_images_in_shared_memory_and_answers_match(parts, in_process):
     tasks, _ = tasks_and_uids(8)
     answers = []
     for copy in (False, True):
-        fleet = make_fleet(stages=2)
+        fleet = make_fleet(stages=2, in_process=in_process)
         try:
             assert fleet.local == [True, True]  # one node: the driver reads the simulators' images itself
             if copy:
@@ -107,8 +119,8 @@ def test_local_workers_leave_images_in_shared_memory_and_answers_match(parts):
             assert shared.steps_taken == copied.steps_taken
 
 
-def test_killed_process_restarts_its_episodes_from_their_initial_state(parts):
-    fleet = make_fleet(stages=2)
+def test_killed_process_restarts_its_episodes_from_their_initial_state(parts, in_process):
+    fleet = make_fleet(stages=2, in_process=in_process)
     try:
         tasks, _ = tasks_and_uids(8)
         fleet.send_reset(tasks, np.ones(8, dtype=bool))
@@ -137,9 +149,9 @@ def kill_at_random(pids: list[int], sig: int, delay_range: tuple[float, float], 
 
 
 @pytest.mark.parametrize("sig,timeout_s", [(signal.SIGKILL, 60.0), (signal.SIGSTOP, 1.0)], ids=["killed", "hung"])
-def test_rollout_completes_with_every_episode_once_despite_a_fault(parts, sig, timeout_s):
+def test_rollout_completes_with_every_episode_once_despite_a_fault(parts, sig, timeout_s, in_process):
     engine, processor = parts
-    fleet = make_fleet(stages=2, max_steps=120, timeout_s=timeout_s)
+    fleet = make_fleet(stages=2, max_steps=120, timeout_s=timeout_s, in_process=in_process)
     try:
         loop = EnvLoop(fleet, engine, processor, max_chunks=30)
         tasks, uids = tasks_and_uids(8)
@@ -157,9 +169,9 @@ def test_rollout_completes_with_every_episode_once_despite_a_fault(parts, sig, t
         fleet.close()
 
 
-def test_repeated_failures_stop_with_worker_and_task_named(parts):
+def test_repeated_failures_stop_with_worker_and_task_named(parts, in_process):
     engine, processor = parts
-    fleet = make_fleet(stages=1, max_failures=1)
+    fleet = make_fleet(stages=1, max_failures=1, in_process=in_process)
     try:
         tasks, _ = tasks_and_uids(8)
         fleet.send_reset(tasks, np.ones(8, dtype=bool))
@@ -171,3 +183,30 @@ def test_repeated_failures_stop_with_worker_and_task_named(parts):
     finally:
         fleet.close()
 
+
+
+def test_workers_in_this_process_are_no_ray_actors_and_play_as_the_actors_do(parts):
+    """Same seed, same episodes: the direct path and the Ray actors give the same trajectories, bit for bit."""
+    engine, processor = parts
+    tasks, uids = tasks_and_uids(8, first_state=30)
+    start = engine.generator.get_state()
+    played = {}
+    for in_process in (True, False):
+        fleet = make_fleet(stages=2, max_steps=24, in_process=in_process)
+        try:
+            if in_process:  # plain objects; their simulator processes are children of this process
+                assert all(type(w) is SimWorker for w in fleet.workers)
+                assert fleet.worker_pids() == [os.getpid()] * 2
+                assert {psutil.Process(pid).ppid() for pid in fleet.pids()} == {os.getpid()}
+            else:
+                assert all(isinstance(w, ray.actor.ActorHandle) for w in fleet.workers)
+                assert os.getpid() not in fleet.worker_pids()
+            engine.generator.set_state(start)
+            played[in_process] = EnvLoop(fleet, engine, processor, max_chunks=6).run(tasks, uids, temperature=1.0)
+        finally:
+            fleet.close()
+    for here, actor in zip(played[True], played[False], strict=True):
+        assert (here.uid, here.success, here.env_steps, len(here)) == (actor.uid, actor.success, actor.env_steps,
+                                                                        len(actor))
+        for name in ("images", "proprio", "tokens", "logprobs"):
+            np.testing.assert_array_equal(np.stack(getattr(here, name)), np.stack(getattr(actor, name)))

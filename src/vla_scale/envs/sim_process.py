@@ -217,7 +217,8 @@ class SimProcess:
         if self._process.is_alive():  # a broken child may be hung or stopped: SIGKILL at once
             self._process.kill()
             self._process.join()
-        self._images.close(unlink=self.broken)
+        # a child that did not exit by itself (broken, killed, terminated) could not remove its image blocks
+        self._images.close(unlink=self.broken or self._process.exitcode != 0)
         self._conn.close()
         self._process.close()
 

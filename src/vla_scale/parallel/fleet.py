@@ -1,17 +1,23 @@
-"""The simulator fleet: Ray sim workers, each running its simulators in subprocesses, answering per pipeline stage.
+"""The simulator fleet: sim workers, each running its simulators in subprocesses, answering per pipeline stage.
 
-Layout: a trainer rank drives `env.num_workers` Ray actors (`SimWorker`); each runs `env.sims_per_worker`
+Layout: a trainer rank drives `env.num_workers` sim workers (`SimWorker`); each runs `env.sims_per_worker`
 `SimProcess`es; each process hosts `slots` simulators. Fleet slot f lives in worker f // per_worker, process
 (f % per_worker) // slots, local slot f % slots. With S pipeline stages every process hosts slots of every stage:
 local slots [s*m, (s+1)*m), m = slots / S, belong to stage s, so each stage keeps every process busy.
 
 Requests are answered in the order they were sent (one request per stage may be in flight), and `recv()` returns
 the oldest one. A worker sends each request to all its processes before it waits for any. Sending and receiving
-are separate Ray concurrency groups of the worker (one thread each, each in call order), so a receive that waits for
-one stage's simulators never holds back another stage's chunks; a lock keeps the two threads' views of the
-processes consistent. Camera images travel from a simulator process's shared memory to whoever reads them: a
-worker on the trainer's machine passes on only where they are and the fleet copies them out itself; a worker on
-another node (disaggregated mode) copies them into its reply.
+run on separate threads (each in call order), so a receive that waits for one stage's simulators never holds back
+another stage's chunks; a lock keeps the two threads' views of the processes consistent.
+
+Placement: in colocated mode a worker is by default a plain object inside the trainer's process (`in_process`): a
+send writes to the simulators' pipes in the caller's thread and a receive runs on the worker's own background
+thread, so a stage hand-over is a pipe write and read with no Ray call (such a fleet makes none at all; a send
+waits only while its worker replaces a failed process). Otherwise (disaggregated mode, or `in_process=False`) a
+worker is a Ray actor whose sends and receives are two concurrency groups of one thread each. Camera images travel
+from a simulator process's shared memory to whoever reads them: a worker on the trainer's machine passes on only
+where they are and the fleet copies them out itself; a worker on another node (disaggregated mode) copies them into
+its reply.
 
 Faults: a process that dies, misses its deadline or raises is closed and replaced; its running episodes are reset
 to their initial states and reported as `Restarted` (the env loop starts them again), also for slots the trainer
@@ -24,6 +30,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +67,11 @@ class WorkerReply:
 
 
 class SimWorker:
-    """A Ray actor owning `sims` simulator processes of `slots` simulators each."""
+    """Owns `sims` simulator processes of `slots` simulators each; a Ray actor or a plain object of the trainer.
+
+    Sends and receives may come from two threads (a Ray actor's two concurrency groups, or the caller's thread and
+    the fleet's receive thread for a worker in the trainer's process).
+    """
 
     CONCURRENCY_GROUPS = {"send": 1, "recv": 1}
 
@@ -78,6 +89,7 @@ class SimWorker:
         self.failures = [0] * sims
         self.requests: queue.Queue[tuple[str, np.ndarray]] = queue.Queue()
         self.lock = threading.Lock()
+        self.closed = False
 
     def _spawn(self) -> SimProcess:
         return SimProcess(self.env_name, self.slots, self.env_kwargs, boot_timeout_s=self.boot_timeout_s)
@@ -152,6 +164,8 @@ class SimWorker:
         """Start a fresh process for slots of process k and reset its running episodes to their initial states."""
         part = self._part(k)
         while True:
+            if self.closed:  # a receive still running when the worker was closed starts nothing new
+                raise SimulatorError(f"sim worker {self.index} is closed; last error: {err}")
             self.failures[k] += 1
             tasks = [t for t, on in zip(self.tasks[part], self.running[part], strict=True) if on]
             if self.failures[k] >= self.max_failures:
@@ -184,8 +198,10 @@ class SimWorker:
         return os.getpid()
 
     def close(self) -> None:
-        for proc in self.procs:
-            proc.close()
+        with self.lock:
+            self.closed = True
+            for proc in self.procs:
+                proc.close()
 
 
 def start_ray(address: str = "", dashboard: bool = False, num_cpus: int = 0) -> None:
@@ -218,15 +234,17 @@ class FleetStats:
 
 
 class SimFleet:
-    """`size` simulators over `num_workers` Ray sim workers, split into `stages` pipeline stages.
+    """`size` simulators over `num_workers` sim workers, split into `stages` pipeline stages.
 
     `send_reset`/`send_step` take full-size arrays with a mask of the slots concerned; `recv()` answers the oldest
-    request with one entry per slot (None outside its mask).
+    request with one entry per slot (None outside its mask). `in_process=True` runs the workers inside this process
+    (see the module docstring); it applies only to colocated mode: with `sim_resource` (disaggregated mode) the
+    workers are always Ray actors on simulation nodes.
     """
 
     def __init__(self, env_name: str, env_kwargs: dict[str, Any], size: int, num_workers: int, sims_per_worker: int,
                  timeout_s: float, stages: int = 1, max_failures: int = 3, sim_resource: bool = False,
-                 boot_timeout_s: float = 120.0):
+                 boot_timeout_s: float = 120.0, in_process: bool = True):
         per_proc, rest = divmod(size, num_workers * sims_per_worker * stages)
         if rest or per_proc == 0:
             raise ValueError(f"{size} simulators do not divide over {num_workers} workers x {sims_per_worker} "
@@ -234,15 +252,26 @@ class SimFleet:
         self.size, self.per_worker, self.stages = size, size // num_workers, stages
         self.slots = size // (num_workers * sims_per_worker)
         self.num_procs = num_workers * sims_per_worker
-        options: dict[str, Any] = {"num_cpus": 0, "concurrency_groups": SimWorker.CONCURRENCY_GROUPS}
-        if sim_resource:
-            options["resources"] = {"sim": 0.001}
-        remote = ray.remote(**options)(SimWorker)
-        self.workers = [remote.remote(i, env_name, env_kwargs, sims_per_worker, self.slots, timeout_s, max_failures,
-                                      boot_timeout_s) for i in range(num_workers)]
-        here = ray.get_runtime_context().get_node_id()
-        self.local = [node == here for node in ray.get([w.node_id.remote() for w in self.workers])]
-        self.readers = [[ImageReader(foreign=True) for _ in range(sims_per_worker)] for _ in range(num_workers)]
+        self.in_process = in_process and not sim_resource
+        args = (env_name, env_kwargs, sims_per_worker, self.slots, timeout_s, max_failures, boot_timeout_s)
+        self.receivers: list[ThreadPoolExecutor] = []
+        if self.in_process:
+            self.workers: list[Any] = [SimWorker(i, *args) for i in range(num_workers)]
+            # one receiving thread per worker: its answers come in call order and never hold back a send
+            self.receivers = [ThreadPoolExecutor(1, thread_name_prefix=f"sim-worker-{i}-recv")
+                              for i in range(num_workers)]
+            self.local = [True] * num_workers
+        else:
+            options: dict[str, Any] = {"num_cpus": 0, "concurrency_groups": SimWorker.CONCURRENCY_GROUPS}
+            if sim_resource:
+                options["resources"] = {"sim": 0.001}
+            remote = ray.remote(**options)(SimWorker)
+            self.workers = [remote.remote(i, *args) for i in range(num_workers)]
+            here = ray.get_runtime_context().get_node_id()
+            self.local = [node == here for node in self._each("node_id")]
+        # the simulators of a worker in this process share its resource tracker; those of an actor do not
+        self.readers = [[ImageReader(foreign=not self.in_process) for _ in range(sims_per_worker)]
+                        for _ in range(num_workers)]
         self.stats = FleetStats()
 
     def stage_of(self) -> np.ndarray:
@@ -253,24 +282,43 @@ class SimFleet:
     def _split(self, array: Any, i: int) -> Any:
         return array[i * self.per_worker : (i + 1) * self.per_worker]
 
-    def send_reset(self, tasks: list[TaskSpec | None], mask: np.ndarray) -> None:
+    def _each(self, method: str) -> list[Any]:
+        """What `method()` returns on every worker: a plain call for workers in this process, else over Ray."""
+        if self.in_process:
+            return [getattr(worker, method)() for worker in self.workers]
+        return ray.get([getattr(worker, method).remote() for worker in self.workers])
+
+    def _send(self, method: str, data: Any, mask: np.ndarray) -> None:
+        """Each worker's share of a request: written to its simulators' pipes here, or handed to its actor."""
         for i, worker in enumerate(self.workers):
-            worker.send_reset.remote(self._split(tasks, i), self._split(mask, i))
+            call, share = getattr(worker, method), (self._split(data, i), self._split(mask, i))
+            if self.in_process:
+                call(*share)
+            else:
+                call.remote(*share)
+
+    def send_reset(self, tasks: list[TaskSpec | None], mask: np.ndarray) -> None:
+        self._send("send_reset", tasks, mask)
 
     def send_step(self, chunks: np.ndarray, mask: np.ndarray) -> None:
-        for i, worker in enumerate(self.workers):
-            worker.send_step.remote(self._split(chunks, i), self._split(mask, i))
+        self._send("send_step", chunks, mask)
 
-    def request_recv(self) -> list[ray.ObjectRef]:
-        """Ask every worker for its answer to the oldest request, without waiting (see `collect`)."""
+    def request_recv(self) -> list[ray.ObjectRef | Future[WorkerReply]]:
+        """Ask every worker for its answer to the oldest request, without waiting (see `collect`).
+
+        A worker in this process receives on its own thread (a future); an actor is asked over Ray (a reference).
+        """
+        if self.in_process:
+            return [receiver.submit(worker.recv, not local)
+                    for worker, receiver, local in zip(self.workers, self.receivers, self.local, strict=True)]
         return [worker.recv.remote(not local) for worker, local in zip(self.workers, self.local, strict=True)]
 
     def recv(self) -> list[SlotResult]:
         return self.collect(self.request_recv())
 
-    def collect(self, refs: list[ray.ObjectRef]) -> list[SlotResult]:
+    def collect(self, handles: list[ray.ObjectRef | Future[WorkerReply]]) -> list[SlotResult]:
         """Wait for the answers asked for by `request_recv`; one entry per slot."""
-        replies: list[WorkerReply] = ray.get(refs)
+        replies: list[WorkerReply] = [h.result() for h in handles] if self.in_process else ray.get(handles)
         results: list[SlotResult] = []
         for i, reply in enumerate(replies):
             self.stats.busy_s += reply.busy_s
@@ -286,17 +334,20 @@ class SimFleet:
 
     def pids(self) -> list[int]:
         """Process ids of the simulator processes."""
-        return [pid for part in ray.get([w.pids.remote() for w in self.workers]) for pid in part]
+        return [pid for part in self._each("pids") for pid in part]
 
     def worker_pids(self) -> list[int]:
-        """Process ids of the sim worker actors."""
-        return ray.get([w.own_pid.remote() for w in self.workers])
+        """Process ids of the sim workers: the actors' own, or this process's for workers running in it."""
+        return self._each("own_pid")
 
     def close(self) -> None:
+        for receiver in self.receivers:  # receives asked for and not begun are dropped; a running one ends below
+            receiver.shutdown(wait=False, cancel_futures=True)
         try:
-            ray.get([w.close.remote() for w in self.workers])
+            self._each("close")
         finally:
-            for worker in self.workers:
-                ray.kill(worker)
+            if not self.in_process:
+                for worker in self.workers:
+                    ray.kill(worker)
             for reader in (r for row in self.readers for r in row):
                 reader.close()
