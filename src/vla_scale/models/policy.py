@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from vla_scale.config import ModelConfig
 from vla_scale.models.actions import ActionTokenizer, DatasetStats
@@ -85,20 +86,38 @@ def llama_config(llm: dict[str, Any]) -> LlamaConfig:
     return LlamaConfig(**kwargs, rope_parameters=rope)
 
 
+class FusedRMSNorm(LlamaRMSNorm):
+    """transformers' LlamaRMSNorm as one fused kernel (`F.rms_norm`, float32 inside) instead of seven element-wise
+    passes, forward and backward: the norms' passes were a large share of a 7B training step (docs/performance.md).
+    The product with the weight is rounded once instead of twice; the rollout engine's fast path computes the same."""
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        if hidden_states.dtype != self.weight.dtype:
+            return super().forward(hidden_states)
+        return nn.functional.rms_norm(hidden_states, (hidden_states.shape[-1],), self.weight, self.variance_epsilon)
+
+
 def _build_llama(config: LlamaConfig, zero3_init: bool, init: bool) -> LlamaForCausalLM:
-    """The Llama backbone. Under `deepspeed.zero.Init` its parameters are empty shards once built, so transformers'
-    weight init is deferred and run by the ZeRO-3 variant that gathers each module first; `init=False` skips the
-    init altogether (weights are loaded next)."""
+    """The Llama backbone, its norms fused (`FusedRMSNorm`). Under `deepspeed.zero.Init` its parameters are empty
+    shards once built, so transformers' weight init is deferred and run by the ZeRO-3 variant that gathers each module
+    first; `init=False` skips the init altogether (weights are loaded next)."""
     from transformers import initialization
 
     if init and not zero3_init:
-        return LlamaForCausalLM(config)
+        return _fuse_norms(LlamaForCausalLM(config))
     with initialization.no_init_weights():
         llm = LlamaForCausalLM(config)
     if init:
         from transformers.integrations.deepspeed import initialize_weights_zero3
 
         initialize_weights_zero3(llm)
+    return _fuse_norms(llm)
+
+
+def _fuse_norms(llm: LlamaForCausalLM) -> LlamaForCausalLM:
+    for module in llm.modules():
+        if type(module) is LlamaRMSNorm:
+            module.__class__ = FusedRMSNorm  # same parameters and attributes, another forward
     return llm
 
 

@@ -42,10 +42,8 @@ Groups = tuple[tuple[int, int], ...]  # (rows, positions per row) for each run o
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """transformers' LlamaRMSNorm: normalise in float32, cast back, then scale."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+    """The policy's `FusedRMSNorm`: normalise and scale in float32, rounded once."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def _rotate_half(x: Tensor) -> Tensor:
