@@ -134,10 +134,11 @@ class Actor:
             policy.vision_backbone.checkpointing_enable()
         if ds.leaf_modules:
             set_z3_leaf_modules(policy, [LlamaDecoderLayer, Block])
-        # On GPUs torch's fused AdamW: one pass over the fp32 master weights and moments per step instead of one per
-        # arithmetic operation (docs/performance.md).
+        # With the optimizer state on GPUs, torch's fused AdamW: one pass over the fp32 master weights and moments per
+        # step instead of one per arithmetic operation (docs/performance.md).
+        fused = torch.cuda.is_available() and not ds.offload_optimizer
         optimizer = torch.optim.AdamW(policy.parameters(), lr=algo.lr, weight_decay=algo.weight_decay,
-                                      fused=torch.cuda.is_available() or None)
+                                      fused=fused or None)
         self.engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=self.ds_config)
         self.zero_stage = ds.zero_stage
         self.states_offloaded = False
