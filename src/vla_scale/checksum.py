@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -128,12 +129,21 @@ def _key(name: str, tensor: Tensor) -> str:
 
 def checksum_of(entries: list[tuple[str, Tensor]]) -> str:
     """Hex digest of `fingerprint_entries` results, in name order (one device->host copy for all of them)."""
-    entries = sorted(entries, key=lambda item: item[0])
-    host = torch.stack([fp for _, fp in entries]).cpu().numpy() if entries else None
+    return digest_of(*on_host(entries))
+
+
+def on_host(entries: list[tuple[str, Tensor]]) -> tuple[list[str], np.ndarray]:
+    """The keys and, in one device->host copy, the fingerprints (int64[n, 4]) of `fingerprint_entries` results."""
+    prints = torch.stack([fp for _, fp in entries]).cpu().numpy() if entries else np.zeros((0, _LANES), np.int64)
+    return [key for key, _ in entries], prints
+
+
+def digest_of(keys: list[str], prints: np.ndarray) -> str:
+    """Hex digest of keys and their fingerprints, in key order."""
     digest = hashlib.blake2b(digest_size=16)
-    for i, (key, _) in enumerate(entries):
-        digest.update(key.encode())
-        digest.update(host[i].tobytes())
+    for i in sorted(range(len(keys)), key=keys.__getitem__):
+        digest.update(keys[i].encode())
+        digest.update(prints[i].tobytes())
     return digest.hexdigest()
 
 

@@ -49,6 +49,12 @@ def _trainer(rank: int, trainer_port: int, update_port: int, out: mp.Queue) -> N
         with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
             if rank == 0:
                 param.data.add_(1.0)  # the next sync must carry the change
+    from vla_scale.parallel.weight_sync import sync_weights
+    from vla_scale.rollout.engine import RolloutEngine
+
+    own = RolloutEngine(build_policy(CFG, tok))  # the colocated layout too: each rank syncs its own engine
+    report = sync_weights(actor.policy, own, 7, BUCKET_MB)  # each rank fingerprints half; one checksum of both
+    out.put(("colocated", rank, report.checksum, own.checksum()))
     try:
         broadcast_sync(actor.policy, group, 3, BUCKET_MB)
         out.put(("trainer_v3", rank, "ok"))
@@ -86,7 +92,7 @@ def test_two_rank_trainer_broadcasts_every_bucket_to_an_engine_process():
         p.start()
     messages = []
     try:
-        while len(messages) < 10:
+        while len(messages) < 12:
             messages.append(out.get(timeout=240))
     except queue.Empty:
         pytest.fail(f"the sync stalled; got {messages}")
@@ -111,6 +117,9 @@ def test_two_rank_trainer_broadcasts_every_bucket_to_an_engine_process():
         assert sent[(1, version)][2] == full
     assert sent[(0, 1)][2] != sent[(0, 2)][2]  # the change between the syncs arrived
     assert by_kind["engine_before"][0][0] != sent[(0, 1)][2]
+    colocated = dict((rank, (checksum, held)) for rank, checksum, held in by_kind["colocated"])
+    assert colocated[0] == colocated[1] and colocated[0][0] == colocated[0][1]  # the shares make the whole
+    assert colocated[0][0] not in (sent[(0, 1)][2], sent[(0, 2)][2])  # it carries the change made after v2
     (engine_v3,) = by_kind["engine_v3"]
     v3 = dict(by_kind["trainer_v3"])
     assert "checksum" in engine_v3[0] and "checksum" in v3[0] and v3[1] == "ok"

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import deepspeed
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.distributed_c10d import _coalescing_manager
 
-from vla_scale.checksum import checksum_of, fingerprint_entries
+from vla_scale.checksum import checksum_of, digest_of, fingerprint_entries, on_host
 
 if TYPE_CHECKING:
     from vla_scale.rollout.engine import RolloutEngine
@@ -153,6 +154,7 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
     start = time.perf_counter()
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     mine = Fingerprints()
+    share: list[str] = []  # the tensors this rank fingerprints
     groups: list[list[str]] = []
     differs: list[Tensor] = []  # one device flag per group of tensors, read once at the end (no sync per bucket)
     total = buckets = index = 0
@@ -168,13 +170,14 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
         for group, flag in _compare(bucket, engine_params):
             groups.append(group)
             differs.append(flag)
-        mine.add([(name, engine_params[name]) for i, (name, _) in enumerate(bucket, index) if i % world == rank])
+        share += [name for i, (name, _) in enumerate(bucket, index) if i % world == rank]
         verify_s += time.perf_counter() - t0
         index += len(bucket)
     if not verify:
         engine.synchronize()
         return SyncReport(version, "", time.perf_counter() - start, total, buckets)
     t0 = time.perf_counter()
+    mine.add([(name, engine_params[name]) for name in share])  # the engine's final weights, in one batch
     checksum = mine.checksum() if world == 1 else _all_ranks_checksum(mine)
     wrong = [group for group, bad in zip(groups, torch.stack(differs).tolist(), strict=True) if bad]
     if wrong:
@@ -209,7 +212,8 @@ def _compare(bucket: list[tuple[str, Tensor]], engine_params: dict[str, Tensor])
 
 
 def _all_ranks_checksum(mine: Fingerprints) -> str:
+    """One checksum of every rank's share: keys and fingerprints travel as a list and one array per rank (pickling
+    a thousand small tensors instead took a good part of a sync)."""
     shares: list = [None] * dist.get_world_size()
-    host = torch.stack([fp for _, fp in mine.entries]).cpu() if mine.entries else []  # one device->host copy
-    dist.all_gather_object(shares, [(key, host[i]) for i, (key, _) in enumerate(mine.entries)])
-    return checksum_of([entry for share in shares for entry in share])
+    dist.all_gather_object(shares, on_host(mine.entries))
+    return digest_of([key for keys, _ in shares for key in keys], np.concatenate([prints for _, prints in shares]))
