@@ -61,7 +61,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--vision-dim", type=int, default=32, help="width of the policy's vision tower")
     p.add_argument("--worker-core", choices=["sim", "decode", "any"], default="any",
                    help="--placement actor: core of the sim worker's process (any: unpinned, like the rest of Ray)")
-    p.add_argument("--repeats", type=int, default=2, help="timed rollouts per S and fleet/plain rounds (best kept)")
+    p.add_argument("--repeats", type=int, default=2, help="timed rollouts per S (best kept)")
+    p.add_argument("--rounds", type=int, default=4,
+                   help="alternating fleet / plain-process measurements of env steps/s (best of each kept)")
     return p.parse_args()
 
 
@@ -222,11 +224,11 @@ def main() -> None:
               f"{r['decode']:>14.2f}")
     chunks = 4 * -(-args.max_steps // args.chunk)
     raws, fleets = [], []
-    for _ in range(args.repeats):  # alternated, so both see the same background load
+    for _ in range(args.rounds):  # alternated, so both see the same background load
         raws.append(raw_steps_per_s(args, chunks))
         fleets.append(fleet_steps_per_s(args, chunks))
     raw, fleet = max(raws), max(fleets)
-    print(f"\nenv steps/s, best of {args.repeats}: fleet {fleet:.0f} ({' '.join(f'{x:.0f}' for x in fleets)}), "
+    print(f"\nenv steps/s, best of {args.rounds}: fleet {fleet:.0f} ({' '.join(f'{x:.0f}' for x in fleets)}), "
           f"plain processes {raw:.0f} ({' '.join(f'{x:.0f}' for x in raws)}), ratio {fleet / raw:.2f}")
     ray.shutdown()
     s2 = rows[1]
