@@ -191,16 +191,10 @@ def allocated_gib(device: torch.device) -> float:
 def verify_parts(engine: RolloutEngine, bucket_mb: int) -> None:
     """Where a sync's verification goes: the bit comparison and the fingerprints, each over the whole model."""
     from vla_scale.checksum import fingerprints
-    from vla_scale.parallel.weight_sync import _compare
+    from vla_scale.parallel.weight_sync import _bucket_plan, _compare
 
     named = dict(engine.policy.named_parameters())
-    chunks, size = [[]], 0
-    for name, p in named.items():  # compared with themselves in buckets: the same reads as against a copy
-        if chunks[-1] and size + p.numel() * p.element_size() > bucket_mb * 2**20:
-            chunks.append([])
-            size = 0
-        chunks[-1].append((name, p))
-        size += p.numel() * p.element_size()
+    chunks = _bucket_plan(engine.policy, bucket_mb)  # compared with themselves by bucket: the reads of a real check
     flags = lambda: torch.stack([f for chunk in chunks for _, f in _compare(chunk, named)]).any().item()  # noqa: E731
     compare_s = timed(flags, engine.device, 3)
     fingerprint_s = timed(lambda: fingerprints(list(named.values())).cpu(), engine.device, 3)

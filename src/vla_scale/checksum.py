@@ -152,8 +152,6 @@ def weights_checksum(named_tensors: Iterable[tuple[str, Tensor]]) -> str:
     by_device: dict[torch.device, list[tuple[str, Tensor]]] = {}
     for name, tensor in named_tensors:
         by_device.setdefault(tensor.device, []).append((name, tensor))
-    entries = []
-    for group in by_device.values():
-        prints = fingerprints([t for _, t in group]).cpu()  # one device->host copy per device
-        entries += [(_key(name, t), prints[i]) for i, (name, t) in enumerate(group)]
-    return checksum_of(entries)
+    parts = [on_host(fingerprint_entries(group)) for group in by_device.values()]  # one copy per device
+    return digest_of([key for keys, _ in parts for key in keys],
+                     np.concatenate([prints for _, prints in parts]) if parts else np.zeros((0, _LANES), np.int64))
