@@ -26,7 +26,8 @@ LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT
 def script_env() -> dict[str, str]:
     """This process's environment without the process-group variables that in-process tests may have set."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
-    return dict(env, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    path = os.pathsep.join(p for p in [str(ROOT / "src"), env.get("PYTHONPATH", "")] if p)
+    return dict(env, PYTHONPATH=path, OMP_NUM_THREADS="1")
 
 
 def train(*overrides: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
@@ -110,7 +111,8 @@ def test_bad_config_fails_before_any_compute(tmp_path):
 
 @pytest.mark.slow
 def test_two_ranks_under_the_deepspeed_launcher_share_one_run(tmp_path):
-    deepspeed = Path(sys.executable).with_name("deepspeed")
+    deepspeed = Path(sys.executable).with_name("deepspeed")  # else the one on PATH (wheels installed elsewhere)
+    deepspeed = deepspeed if deepspeed.exists() else Path(shutil.which("deepspeed") or deepspeed)
     cmd = [str(deepspeed), "--num_gpus", "2", str(ROOT / "launch" / "train.py"), *TINY, "algo.batch_size=4",
            "steps=2", "eval_every=1", "save_every=1", "deepspeed=zero3"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=400)

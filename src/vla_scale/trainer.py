@@ -174,7 +174,7 @@ class Trainer:
     def _mean_over_ranks(self, value: float) -> float:
         if self.world == 1:
             return value
-        t = torch.tensor([value], dtype=torch.float64)
+        t = torch.tensor([value], dtype=torch.float64, device=self.actor.device)  # NCCL reduces device tensors only
         dist.all_reduce(t)
         return t.item() / self.world
 
