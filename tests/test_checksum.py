@@ -23,6 +23,19 @@ def test_a_batch_fingerprints_each_tensor_as_alone():
         assert torch.equal(batch[i], tensor_fingerprint(t))
 
 
+def test_tensors_of_one_length_reduced_together_keep_their_own_fingerprints(monkeypatch):
+    import vla_scale.checksum as checksum
+
+    monkeypatch.setattr(checksum, "_STACK_BYTES", 3 * 4096)  # stacks of three 1-row bodies: several stacks per length
+    gen = torch.Generator().manual_seed(1)
+    tensors = [torch.randn(n, generator=gen).to(torch.bfloat16) for n in [2048, 7, 2048 + 3, 2048, 7, 2048, 2048,
+                                                                          2048 + 3, 2048]]
+    batch = fingerprints(tensors)
+    for i, t in enumerate(tensors):
+        assert torch.equal(batch[i], tensor_fingerprint(t)), i
+    assert len({tuple(row) for row in batch.tolist()}) == len(tensors)  # equal lengths, different bytes
+
+
 @pytest.mark.parametrize("index", range(len(SHAPES) - 1))
 def test_every_single_changed_byte_changes_the_fingerprint(index):
     t = _tensors()[index]

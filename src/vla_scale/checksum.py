@@ -17,9 +17,10 @@ byte changes by 0 < |Δ| < 256, likewise. Several changes cancel only by coincid
 swapped words still move the column lanes, or the row lanes). It detects bit flips, stale or missing buckets, dtype
 and order mix-ups; it is not a defence against deliberate collisions.
 
-The fingerprints of a list of tensors come from two reductions per tensor and a handful of kernels for the whole
-list, so thousands of small tensors cost little more than their bytes. `weights_checksum` hashes names, shapes,
-dtypes and fingerprints in name order: equal iff (up to that coincidence) the weights are identical.
+The fingerprints of a list of tensors come from two reductions per stack of tensors of one byte length and a
+handful of kernels for the whole list, so a model's thousand tensors cost little more than their bytes.
+`weights_checksum` hashes names, shapes, dtypes and fingerprints in name order: equal iff (up to that coincidence)
+the weights are identical.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from torch import Tensor
 _WORDS = 1024  # int32 words per row
 _ROW = 4 * _WORDS  # bytes per row
 _LANES = 4
+_STACK_BYTES = 1 << 28  # bytes of equal-length tensors stacked for one reduction
 # odd multipliers of the weights (weights = index * multiplier * 2 + 1, wrapping)
 _ROW_MUL = (-7046029254386353131, 0x2545F4914F6CDD1D)
 _TAIL_MUL = (0x5851F42D4C957F2D, -4658895280553007687)
@@ -78,38 +80,55 @@ def _bytes(tensor: Tensor) -> Tensor:
 
 
 def fingerprints(tensors: Sequence[Tensor]) -> Tensor:
-    """int64[len(tensors), 4] on the tensors' device (module docstring); all tensors on one device."""
+    """int64[len(tensors), 4] on the tensors' device (module docstring); all tensors on one device.
+
+    Tensors of equal byte length are reduced together, stacked a few hundred MB at a time: a model's weights come in
+    few distinct sizes, so a thousand tensors take tens of reductions, not thousands."""
     if not tensors:
         return torch.zeros((0, _LANES), dtype=torch.int64)
     device = tensors[0].device
     if any(t.device != device for t in tensors):
         raise ValueError("fingerprints: all tensors must be on one device")
     flats = [_bytes(t) for t in tensors]
+    by_length: dict[int, list[int]] = {}
+    for i, flat in enumerate(flats):
+        by_length.setdefault(flat.numel(), []).append(i)
+    order: list[int] = []  # tensor indices in the order reduced
+    row_parts: list[Tensor] = []
+    col_parts: list[Tensor] = []
+    for length, members in by_length.items():
+        n = length // _ROW
+        per_stack = max(1, _STACK_BYTES // max(n * _ROW, 1))
+        for at in range(0, len(members), per_stack):
+            part = members[at : at + per_stack]
+            order += part
+            if not n:
+                col_parts.append(torch.zeros((len(part), _WORDS), dtype=torch.int32, device=device))
+                continue
+            bodies = [flats[i][: n * _ROW] for i in part]
+            stacked = torch.stack(bodies) if len(bodies) > 1 else bodies[0][None]
+            body = stacked.view(torch.int32).view(len(part), n, _WORDS)
+            row_parts.append(body.sum(dim=2, dtype=torch.int32).reshape(-1))
+            col_parts.append(body.sum(dim=1, dtype=torch.int32))
+    flats = [flats[i] for i in order]
     rows = [f.numel() // _ROW for f in flats]
-    row_sums = torch.zeros(max(sum(rows), 1), dtype=torch.int32, device=device)
-    col_sums = torch.zeros((len(flats), _WORDS), dtype=torch.int32, device=device)
-    start = 0
-    for i, (flat, n) in enumerate(zip(flats, rows, strict=True)):
-        if n:
-            body = flat[: n * _ROW].view(torch.int32).view(n, _WORDS)
-            torch.sum(body, dim=1, dtype=torch.int32, out=row_sums[start : start + n])
-            torch.sum(body, dim=0, dtype=torch.int32, out=col_sums[i])
-            start += n
     out = torch.zeros((len(flats), _LANES), dtype=torch.int64, device=device)
-    if sum(rows):
+    if row_parts:
         segment, index = _segments(rows, device)
-        weighted = row_sums[: sum(rows)].to(torch.int64)[:, None] * torch.stack([_odd(index, m) for m in _ROW_MUL], 1)
-        out[:, :2] += _segment_sums(weighted, segment, len(flats))
+        row_sums = torch.cat(row_parts).to(torch.int64)[:, None]
+        out[:, :2] += _segment_sums(row_sums * torch.stack([_odd(index, m) for m in _ROW_MUL], 1), segment, len(flats))
     columns = torch.arange(_WORDS, dtype=torch.int64, device=device)
     col_weights = torch.stack([_odd(columns, m) for m in _COL_MUL], 1)  # [_WORDS, 2]
-    out[:, 2:] = (col_sums.to(torch.int64)[:, :, None] * col_weights).sum(1)
+    out[:, 2:] = (torch.cat(col_parts).to(torch.int64)[:, :, None] * col_weights).sum(1)
     tails = [flat[n * _ROW :] for flat, n in zip(flats, rows, strict=True)]
     lengths = [t.numel() for t in tails]
     if sum(lengths):
         segment, index = _segments(lengths, device)
         values = torch.cat(tails).to(torch.int64)[:, None] * torch.stack([_odd(index, m) for m in _TAIL_MUL], 1)
         out[:, :2] += _segment_sums(values, segment, len(flats))
-    return out
+    if order == sorted(order):
+        return out
+    return torch.empty_like(out).index_copy_(0, _on_device(tuple(order), device), out)
 
 
 def tensor_fingerprint(tensor: Tensor) -> Tensor:

@@ -1,5 +1,7 @@
 """Weight sync from a real DeepSpeed ZeRO-3 actor into the rollout engine, proven by checksums."""
 
+from itertools import pairwise
+
 import pytest
 import torch
 
@@ -8,7 +10,7 @@ from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import WordTokenizer, build_policy
 from vla_scale.parallel.actor import Actor, init_distributed
-from vla_scale.parallel.weight_sync import gathered_buckets, sync_weights
+from vla_scale.parallel.weight_sync import _end_to_end, gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
@@ -72,3 +74,50 @@ def test_an_unverified_sync_still_copies_everything(actor_and_engine):
     assert report.checksum == "" and engine.version == 9
     full = [(n, t.clone()) for bucket in gathered_buckets(actor.policy, 1) for n, t in bucket]
     assert weights_checksum(full) == engine.checksum()
+
+
+def test_engine_weights_lie_end_to_end_in_parameter_order(actor_and_engine):
+    _, engine = actor_and_engine
+    for round_trip in (False, True):
+        if round_trip:
+            engine.release_memory_occupation()
+            engine.resume_memory_occupation()
+        params = list(engine.policy.parameters())
+        assert len({p.untyped_storage().data_ptr() for p in params}) == len({p.dtype for p in params})
+        for a, b in pairwise(params):
+            end = a.data_ptr() + a.nbytes
+            assert b.data_ptr() == end or (end % 16 and b.data_ptr() == end + -end % 16)  # padded only to align
+    sync_weights(actor_and_engine[0].policy, engine, version=10, bucket_mb=1)  # refill for the tests after
+
+
+def test_a_bucket_of_engine_weights_is_compared_in_place(actor_and_engine):
+    _, engine = actor_and_engine
+    params = list(engine.policy.parameters())
+    run = [params[0]]
+    for p in params[1:]:
+        if p.data_ptr() != run[-1].data_ptr() + run[-1].nbytes:
+            break
+        run.append(p)
+    assert len(run) > 1
+    whole = _end_to_end(run)
+    assert whole.data_ptr() == run[0].data_ptr() and whole.numel() == sum(p.numel() for p in run)
+    assert torch.equal(whole, torch.cat([p.reshape(-1) for p in run]))
+    apart = [params[1], params[0]]  # not in storage order: concatenated
+    assert torch.equal(_end_to_end(apart), torch.cat([p.reshape(-1) for p in apart]))
+
+
+class _CorruptingEngine(RolloutEngine):
+    """An engine whose copy goes wrong in one element of one bucket (as a faulty transfer would)."""
+
+    def update_weights_from_tensor(self, named_tensors, version):
+        named_tensors = list(named_tensors)
+        super().update_weights_from_tensor(named_tensors, version)
+        with torch.no_grad():
+            dict(self.policy.named_parameters())[named_tensors[-1][0]].view(-1)[-1] += 1
+
+
+def test_sync_raises_when_a_copied_bit_differs(actor_and_engine):
+    actor, _ = actor_and_engine
+    engine = _CorruptingEngine(build_policy(CFG, WordTokenizer.from_instructions(instructions())))
+    with pytest.raises(RuntimeError, match="differ from the actor's gathered weights"):
+        sync_weights(actor.policy, engine, version=11, bucket_mb=1)

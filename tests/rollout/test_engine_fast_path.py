@@ -163,3 +163,14 @@ def test_towers_side_by_side_on_two_streams_give_the_one_stream_logits():
         engine.fast.side_by_side = False
         want = engine.logits(x)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_the_engine_stacks_q_k_v_and_gate_up_weights_without_copies(engines):
+    from vla_scale.rollout.fast_forward import _llama_weights
+
+    _, fast, _ = engines
+    for layer in fast.policy.language_model.model.layers:
+        w = _llama_weights(layer)
+        assert w[16] is not None and w[17] is not None
+        assert w[16].data_ptr() == w[1].data_ptr() and torch.equal(w[16], torch.cat([w[1], w[3], w[5]]))
+        assert w[17].data_ptr() == w[10].data_ptr() and torch.equal(w[17], torch.cat([w[10], w[12]]))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import deepspeed
@@ -193,8 +194,8 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
 
 def _compare(bucket: list[tuple[str, Tensor]], engine_params: dict[str, Tensor]) -> list[tuple[list[str], Tensor]]:
     """Device flags: does the engine's copy differ from the gathered tensor in dtype, shape or any bit? One flag per
-    group of tensors of one dtype (compared as one concatenation of their bytes: a few kernels per bucket, not a few
-    per tensor), and one per tensor of the wrong dtype or shape."""
+    group of tensors of one dtype (their bytes compared end to end as wide integers: a few kernels per bucket, not a
+    few per tensor), and one per tensor of the wrong dtype or shape."""
     out: list[tuple[list[str], Tensor]] = []
     groups: dict[tuple[torch.dtype, torch.device], list[tuple[str, Tensor, Tensor]]] = {}
     for name, sent in bucket:
@@ -203,12 +204,32 @@ def _compare(bucket: list[tuple[str, Tensor]], engine_params: dict[str, Tensor])
             out.append(([name], torch.ones((), dtype=torch.bool, device=held.device)))
         else:
             groups.setdefault((held.dtype, held.device), []).append((name, held, sent))
-    for (dtype, _), items in groups.items():
-        as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
-        held = torch.cat([h.detach().reshape(-1) for _, h, _ in items]).view(as_int)
-        sent = torch.cat([t.detach().reshape(-1) for _, _, t in items]).to(held.device).view(as_int)
-        out.append(([name for name, _, _ in items], (held != sent).any()))
+    for items in groups.values():
+        held = _end_to_end([h.detach() for _, h, _ in items])
+        sent = _end_to_end([t.detach() for _, _, t in items]).to(held.device)
+        out.append(([name for name, _, _ in items], (_as_words(held) != _as_words(sent)).any()))
     return out
+
+
+def _end_to_end(tensors: list[Tensor]) -> Tensor:
+    """The tensors' elements end to end, 1-D: a view when they already lie so in one storage (the engine's weights,
+    a gathered bucket without padding), else a concatenation."""
+    first, size = tensors[0], sum(t.numel() for t in tensors)
+    lined_up = all(t.is_contiguous() and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+                   for t in tensors)
+    lined_up = lined_up and all(a.data_ptr() + a.nbytes == b.data_ptr() for a, b in pairwise(tensors))
+    if lined_up:
+        return first.as_strided((size,), (1,), first.storage_offset())
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _as_words(flat: Tensor) -> Tensor:
+    """A 1-D tensor's bytes as the widest integers that divide them (fewer, wider elements to compare)."""
+    raw = flat.view(torch.uint8)
+    for word in (torch.int64, torch.int32, torch.int16):
+        if raw.numel() % word.itemsize == 0 and raw.data_ptr() % word.itemsize == 0:
+            return raw.view(word)
+    return raw
 
 
 def _all_ranks_checksum(mine: Fingerprints) -> str:

@@ -57,8 +57,12 @@ class RolloutEngine:
         weight sync then casts what it receives to it."""
         self.device = torch.device(device)
         on_gpu = self.device.type == "cuda"
-        policy = policy.to(self.device) if dtype is None else policy.to(self.device, dtype)
         self.policy = policy.eval().requires_grad_(False)
+        self._lay_out_weights(dtype, copy=True)
+        if dtype is None:  # the buffers (the weights are in place already)
+            self.policy.to(self.device)
+        else:
+            self.policy.to(self.device, dtype)
         self.version = -1
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         use_fast = (on_gpu and FastForward.supports(self.policy)) if fast is None else fast
@@ -69,6 +73,31 @@ class RolloutEngine:
         self.released = False
         self._awaiting_sync = False  # after resume_memory_occupation, until weights arrive
         self._shapes: list[torch.Size] = []
+
+    def _lay_out_weights(self, dtype: torch.dtype | None, copy: bool, shapes: list[torch.Size] | None = None) -> None:
+        """Place the weights on the engine's device end to end, in parameter order, one buffer per dtype (each
+        parameter a view; its start rounded up to 16 bytes only where the one before ends unaligned, for compiled
+        kernels). A weight-sync bucket then lands in one stretch of memory, which is compared and fingerprinted as it
+        lies instead of being concatenated first. `copy`: move the current values (else the contents are undefined);
+        `shapes`: the parameters' shapes when they hold no memory (released). Each parameter's old storage is let go
+        as soon as its view takes over."""
+        params = list(self.policy.parameters())
+        layout: dict[torch.dtype, list[tuple[torch.nn.Parameter, int, torch.Size]]] = {}
+        ends: dict[torch.dtype, int] = {}
+        for p, shape in zip(params, shapes or [p.shape for p in params], strict=True):
+            kind = dtype if dtype is not None and p.is_floating_point() else p.dtype
+            align = max(1, 16 // kind.itemsize)
+            start = ends.get(kind, 0)
+            start += -start % align
+            layout.setdefault(kind, []).append((p, start, shape))
+            ends[kind] = start + shape.numel()
+        for kind, members in layout.items():
+            buffer = torch.empty(ends[kind], dtype=kind, device=self.device)
+            for p, start, shape in members:
+                view = buffer[start : start + shape.numel()].view(shape)
+                if copy:
+                    view.copy_(p.data)
+                p.data = view
 
     def _to_device(self, name: str, tensor: Tensor) -> Tensor:
         """Host tensor -> device; through a reused page-locked buffer when `pin_memory` (the previous decode's copy
@@ -165,8 +194,7 @@ class RolloutEngine:
         """Take the weights' memory back (contents undefined until the next weight sync, which must follow)."""
         if not self.released:
             return
-        for p, shape in zip(self.policy.parameters(), self._shapes, strict=True):
-            p.data = torch.empty(shape, dtype=p.dtype, device=p.device)
+        self._lay_out_weights(None, copy=False, shapes=self._shapes)
         self.released = False
         self._awaiting_sync = True
 

@@ -13,6 +13,8 @@ What differs from the policy's own (plain) forward, and why each keeps the funct
   weights, so `torch.compile` traces each once (batch and sequence sizes dynamic) and every layer reuses the compiled
   code; it fuses each norm, rotary embedding and activation into one pass. The arithmetic follows transformers' Llama
   (RMSNorm in float32, cast back before the weight) and the towers in `models/vision.py` (same ops, same order).
+- **Stacked projections.** The engine lays its weights end to end in parameter order, so a layer's q, k and v
+  weights (and its gate and up weights) already form one matrix: a view of it makes each one matrix product.
 - **Residual adds in the GEMM.** The output and down projections accumulate into the residual stream in place
   (`addmm_`), so no separate add kernel reads and writes it again.
 - **Only what is read.** The last decoder layer computes keys and values for all positions but queries, output
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -81,12 +84,16 @@ def llama_qkv(x: Tensor, cos: Tensor, sin: Tensor, w: Weights, heads: int, kv_he
               ) -> tuple[Tensor, Tensor, Tensor]:
     """Input norm, projections and rotary embedding of packed positions x [N, D]: q [N, H, hd], k, v [N, H_kv, hd].
     w = (input norm, q, q bias, k, k bias, v, v bias, o, o bias, post-attention norm, gate, gate bias, up, up bias,
-    down, down bias)."""
+    down, down bias, q-k-v weights as one matrix or None, gate-up weights as one matrix or None)."""
     n = x.shape[0]
     h = _rms_norm(x, w[0], eps)
-    q = F.linear(h, w[1], w[2]).view(n, heads, -1)
-    k = F.linear(h, w[3], w[4]).view(n, kv_heads, -1)
-    v = F.linear(h, w[5], w[6]).view(n, kv_heads, -1)
+    if w[16] is not None:  # one product for all three (same dot products, one launch, fuller waves)
+        q, k, v = F.linear(h, w[16]).split([w[1].shape[0], w[3].shape[0], w[5].shape[0]], dim=1)
+        q, k, v = q.view(n, heads, -1), k.view(n, kv_heads, -1), v.view(n, kv_heads, -1)
+    else:
+        q = F.linear(h, w[1], w[2]).view(n, heads, -1)
+        k = F.linear(h, w[3], w[4]).view(n, kv_heads, -1)
+        v = F.linear(h, w[5], w[6]).view(n, kv_heads, -1)
     return _rotary(q, cos, sin), _rotary(k, cos, sin), v
 
 
@@ -106,6 +113,9 @@ def llama_qkv_rows(x: Tensor, read: Tensor, cos: Tensor, sin: Tensor, w: Weights
 def llama_mlp_in(x: Tensor, w: Weights, eps: float) -> Tensor:
     """Post-attention norm, gate and up projections and their SiLU product: the down projection's input."""
     h = _rms_norm(x, w[9], eps)
+    if w[17] is not None:
+        gate, up = F.linear(h, w[17]).split([w[10].shape[0], w[12].shape[0]], dim=1)
+        return F.silu(gate) * up
     return F.silu(F.linear(h, w[10], w[11])) * F.linear(h, w[12], w[13])
 
 
@@ -191,7 +201,23 @@ def _llama_weights(layer: Any) -> Weights:
     attn, mlp = layer.self_attn, layer.mlp
     return (layer.input_layernorm.weight, *_linear(attn.q_proj), *_linear(attn.k_proj), *_linear(attn.v_proj),
             *_linear(attn.o_proj), layer.post_attention_layernorm.weight, *_linear(mlp.gate_proj),
-            *_linear(mlp.up_proj), *_linear(mlp.down_proj))
+            *_linear(mlp.up_proj), *_linear(mlp.down_proj),
+            _stacked(attn.q_proj, attn.k_proj, attn.v_proj), _stacked(mlp.gate_proj, mlp.up_proj))
+
+
+def _stacked(*linears: Any) -> Tensor | None:
+    """The weights of bias-free projections of one input as one [sum of outputs, in] matrix, when they lie end to end
+    in memory (as the rollout engine lays them out): a view, no copy. Else None."""
+    weights = [m.weight for m in linears]
+    first = weights[0]
+    if any(m.bias is not None for m in linears) or any(
+            w.dim() != 2 or w.shape[1] != first.shape[1] or w.dtype != first.dtype or not w.is_contiguous()
+            or w.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() for w in weights):
+        return None
+    if any(a.data_ptr() + a.nbytes != b.data_ptr() for a, b in pairwise(weights)):
+        return None
+    rows = sum(w.shape[0] for w in weights)
+    return first.as_strided((rows, first.shape[1]), (first.shape[1], 1), first.storage_offset())
 
 
 def trim_text(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
