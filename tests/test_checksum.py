@@ -34,6 +34,16 @@ def test_tensors_of_one_length_reduced_together_keep_their_own_fingerprints(monk
     for i, t in enumerate(tensors):
         assert torch.equal(batch[i], tensor_fingerprint(t)), i
     assert len({tuple(row) for row in batch.tolist()}) == len(tensors)  # equal lengths, different bytes
+    # the same tensors laid end to end in one buffer (as the rollout engine holds its weights): reduced as they lie
+    buffer = torch.cat([t.reshape(-1) for t in tensors])
+    views, at = [], 0
+    for t in tensors:
+        views.append(buffer[at : at + t.numel()])
+        at += t.numel()
+    assert torch.equal(fingerprints(views), batch)
+    runs = list(checksum._bodies([v.view(torch.uint8) for v in views], [0, 3, 5, 6, 8], 4096))
+    assert [part for part, _ in runs] == [[5, 6], [0, 3, 8]]  # 5 and 6 adjacent: a view of the buffer; others stacked
+    assert runs[0][1].data_ptr() == views[5].data_ptr()
 
 
 @pytest.mark.parametrize("index", range(len(SHAPES) - 1))

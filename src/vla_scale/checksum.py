@@ -26,7 +26,7 @@ the weights are identical.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -82,8 +82,9 @@ def _bytes(tensor: Tensor) -> Tensor:
 def fingerprints(tensors: Sequence[Tensor]) -> Tensor:
     """int64[len(tensors), 4] on the tensors' device (module docstring); all tensors on one device.
 
-    Tensors of equal byte length are reduced together, stacked a few hundred MB at a time: a model's weights come in
-    few distinct sizes, so a thousand tensors take tens of reductions, not thousands."""
+    Tensors of equal byte length are reduced together, a few hundred MB at a time (as they lie, where they lie end to
+    end; else stacked): a model's weights come in few distinct sizes, so a thousand tensors take tens of reductions,
+    not thousands."""
     if not tensors:
         return torch.zeros((0, _LANES), dtype=torch.int64)
     device = tensors[0].device
@@ -98,16 +99,12 @@ def fingerprints(tensors: Sequence[Tensor]) -> Tensor:
     col_parts: list[Tensor] = []
     for length, members in by_length.items():
         n = length // _ROW
-        per_stack = max(1, _STACK_BYTES // max(n * _ROW, 1))
-        for at in range(0, len(members), per_stack):
-            part = members[at : at + per_stack]
+        for part, body in _bodies(flats, members, n * _ROW):
             order += part
-            if not n:
+            if body is None:
                 col_parts.append(torch.zeros((len(part), _WORDS), dtype=torch.int32, device=device))
                 continue
-            bodies = [flats[i][: n * _ROW] for i in part]
-            stacked = torch.stack(bodies) if len(bodies) > 1 else bodies[0][None]
-            body = stacked.view(torch.int32).view(len(part), n, _WORDS)
+            body = body.view(torch.int32).view(len(part), n, _WORDS)
             row_parts.append(body.sum(dim=2, dtype=torch.int32).reshape(-1))
             col_parts.append(body.sum(dim=1, dtype=torch.int32))
     flats = [flats[i] for i in order]
@@ -129,6 +126,36 @@ def fingerprints(tensors: Sequence[Tensor]) -> Tensor:
     if order == sorted(order):
         return out
     return torch.empty_like(out).index_copy_(0, _on_device(tuple(order), device), out)
+
+
+def _bodies(flats: list[Tensor], members: list[int], size: int) -> Iterator[tuple[list[int], Tensor | None]]:
+    """The first `size` bytes of each member as rows of uint8[k, size] matrices of at most `_STACK_BYTES`: a view
+    where the members lie end to end in memory (the rollout engine's weights), a stack of copies for the rest. None
+    when `size` is 0."""
+    if not size:
+        yield members, None
+        return
+    per_matrix = max(1, _STACK_BYTES // size)
+    runs: list[list[int]] = []
+    for i in members:
+        if runs and len(runs[-1]) < per_matrix and _follows(flats[runs[-1][-1]], flats[i], size):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    loose = [run[0] for run in runs if len(run) == 1]
+    for run in runs:
+        if len(run) > 1:
+            first = flats[run[0]]
+            yield run, first.as_strided((len(run), size), (size, 1), first.storage_offset())
+    for at in range(0, len(loose), per_matrix):
+        part = loose[at : at + per_matrix]
+        yield part, torch.stack([flats[i][:size] for i in part]) if len(part) > 1 else flats[part[0]][:size][None]
+
+
+def _follows(before: Tensor, after: Tensor, size: int) -> bool:
+    """Does `after` start right where `before`, all body and no tail, ends?"""
+    return (before.numel() == size and before.data_ptr() + size == after.data_ptr()
+            and before.untyped_storage().data_ptr() == after.untyped_storage().data_ptr())
 
 
 def tensor_fingerprint(tensor: Tensor) -> Tensor:

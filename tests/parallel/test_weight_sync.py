@@ -121,3 +121,14 @@ def test_sync_raises_when_a_copied_bit_differs(actor_and_engine):
     engine = _CorruptingEngine(build_policy(CFG, WordTokenizer.from_instructions(instructions())))
     with pytest.raises(RuntimeError, match="differ from the actor's gathered weights"):
         sync_weights(actor.policy, engine, version=11, bucket_mb=1)
+
+
+def test_each_tensor_of_a_bucket_is_fingerprinted_by_one_rank_in_runs():
+    from vla_scale.parallel.weight_sync import _share
+
+    bucket = [(f"t{i}", torch.zeros(n)) for i, n in enumerate([5, 100, 3, 40, 40, 7, 60, 1])]
+    for world in (1, 2, 3):
+        shares = [_share(bucket, rank, world) for rank in range(world)]
+        assert [name for share in shares for name in share] == [name for name, _ in bucket]  # once each, in order
+    assert _share(bucket, 0, 2) == ["t0", "t1", "t2"] and _share(bucket, 1, 2) == ["t3", "t4", "t5", "t6", "t7"]
+    assert _share([("empty", torch.zeros(0))], 0, 2) == ["empty"]

@@ -149,16 +149,15 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
     """Push every parameter of `module` into `engine` bucket by bucket; raise if any copy is not exact.
 
     With `verify`, each rank compares every tensor its engine received with the gathered original bit for bit, and
-    fingerprints its share of them (tensor i on rank i mod world; every rank's copy is the same exact bytes); the
-    shares are all-gathered into one checksum of the whole model, the same on every rank. Without it the report's
-    checksum is empty."""
+    fingerprints its share of each bucket (`_share`; every rank's copy is the same exact bytes) while the next bucket
+    is gathered; the shares are all-gathered into one checksum of the whole model, the same on every rank. Without
+    it the report's checksum is empty."""
     start = time.perf_counter()
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     mine = Fingerprints()
-    share: list[str] = []  # the tensors this rank fingerprints
     groups: list[list[str]] = []
     differs: list[Tensor] = []  # one device flag per group of tensors, read once at the end (no sync per bucket)
-    total = buckets = index = 0
+    total = buckets = 0
     engine_params = dict(engine.policy.named_parameters())
     verify_s = 0.0
     for bucket in gathered_buckets(module, bucket_mb):
@@ -171,14 +170,12 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
         for group, flag in _compare(bucket, engine_params):
             groups.append(group)
             differs.append(flag)
-        share += [name for i, (name, _) in enumerate(bucket, index) if i % world == rank]
+        mine.add([(name, engine_params[name]) for name in _share(bucket, rank, world)])
         verify_s += time.perf_counter() - t0
-        index += len(bucket)
     if not verify:
         engine.synchronize()
         return SyncReport(version, "", time.perf_counter() - start, total, buckets)
     t0 = time.perf_counter()
-    mine.add([(name, engine_params[name]) for name in share])  # the engine's final weights, in one batch
     checksum = mine.checksum() if world == 1 else _all_ranks_checksum(mine)
     wrong = [group for group, bad in zip(groups, torch.stack(differs).tolist(), strict=True) if bad]
     if wrong:
@@ -190,6 +187,18 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
         )
     end = time.perf_counter()
     return SyncReport(version, checksum, end - start, total, buckets, verify_s + end - t0)
+
+
+def _share(bucket: list[tuple[str, Tensor]], rank: int, world: int) -> list[str]:
+    """The tensors of a bucket that this rank fingerprints: a run of consecutive ones holding about 1/world of its
+    bytes (each tensor goes to the rank its middle byte falls to), so that they lie end to end in the engine."""
+    sizes = [t.numel() * t.element_size() for _, t in bucket]
+    total, at, names = max(sum(sizes), 1), 0, []
+    for (name, _), size in zip(bucket, sizes, strict=True):
+        if min((2 * at + size) * world // (2 * total), world - 1) == rank:
+            names.append(name)
+        at += size
+    return names
 
 
 def _compare(bucket: list[tuple[str, Tensor]], engine_params: dict[str, Tensor]) -> list[tuple[list[str], Tensor]]:
