@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import deepspeed
@@ -25,6 +24,7 @@ from torch import Tensor, nn
 from torch.distributed.distributed_c10d import _coalescing_manager
 
 from vla_scale.checksum import checksum_of, digest_of, fingerprint_entries, on_host
+from vla_scale.spans import span
 
 if TYPE_CHECKING:
     from vla_scale.rollout.engine import RolloutEngine
@@ -221,15 +221,9 @@ def _compare(bucket: list[tuple[str, Tensor]], engine_params: dict[str, Tensor])
 
 
 def _end_to_end(tensors: list[Tensor]) -> Tensor:
-    """The tensors' elements end to end, 1-D: a view when they already lie so in one storage (the engine's weights,
-    a gathered bucket without padding), else a concatenation."""
-    first, size = tensors[0], sum(t.numel() for t in tensors)
-    lined_up = all(t.is_contiguous() and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-                   for t in tensors)
-    lined_up = lined_up and all(a.data_ptr() + a.nbytes == b.data_ptr() for a, b in pairwise(tensors))
-    if lined_up:
-        return first.as_strided((size,), (1,), first.storage_offset())
-    return torch.cat([t.reshape(-1) for t in tensors])
+    """The tensors' elements end to end, 1-D: a view when they already lie so (`spans.span`), else a concatenation."""
+    whole = span(tensors)
+    return whole if whole is not None else torch.cat([t.reshape(-1) for t in tensors])
 
 
 def _as_words(flat: Tensor) -> Tensor:

@@ -30,6 +30,7 @@ from vla_scale.algo import logprobs_from_logits
 from vla_scale.checksum import weights_checksum
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.rollout.fast_forward import FastForward, trim_text
+from vla_scale.spans import span
 
 if TYPE_CHECKING:  # imported where used: the update group pulls in DeepSpeed, which decoding alone does not need
     from vla_scale.parallel.update_group import UpdateGroup
@@ -154,7 +155,11 @@ class RolloutEngine:
                 raise ValueError(f"weight sync shape mismatch for {name}: engine {target.shape} vs {tensor.shape}")
             targets.append(target.data)
             sources.append(tensor.to(target.device, target.dtype))
-        torch._foreach_copy_(targets, sources)  # one call for the whole bucket, not one copy per tensor
+        into, whole = span(targets), span(sources)
+        if into is not None and whole is not None and into.numel() == whole.numel():
+            into.copy_(whole)  # both sides end to end (the engine's layout, a gathered bucket): one copy
+        else:
+            torch._foreach_copy_(targets, sources)  # one call for the whole bucket, not one copy per tensor
         self.version = version
         self._awaiting_sync = False
 

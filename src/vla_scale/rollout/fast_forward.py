@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any
 
 import torch
@@ -39,6 +38,7 @@ from torch import Tensor
 
 from vla_scale.models.policy import OFTPolicy
 from vla_scale.models.vision import ViT
+from vla_scale.spans import span
 
 Weights = tuple[Tensor | None, ...]
 Groups = tuple[tuple[int, int], ...]  # (rows, positions per row) for each run of equal-length rows, in packed order
@@ -210,14 +210,10 @@ def _stacked(*linears: Any) -> Tensor | None:
     in memory (as the rollout engine lays them out): a view, no copy. Else None."""
     weights = [m.weight for m in linears]
     first = weights[0]
-    if any(m.bias is not None for m in linears) or any(
-            w.dim() != 2 or w.shape[1] != first.shape[1] or w.dtype != first.dtype or not w.is_contiguous()
-            or w.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() for w in weights):
+    if any(m.bias is not None for m in linears) or any(w.dim() != 2 or w.shape[1] != first.shape[1] for w in weights):
         return None
-    if any(a.data_ptr() + a.nbytes != b.data_ptr() for a, b in pairwise(weights)):
-        return None
-    rows = sum(w.shape[0] for w in weights)
-    return first.as_strided((rows, first.shape[1]), (first.shape[1], 1), first.storage_offset())
+    whole = span(weights)
+    return None if whole is None else whole.view(-1, first.shape[1])
 
 
 def trim_text(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
