@@ -1,5 +1,6 @@
 """Spans: tensors lying end to end are read as one view; the engine copies a bucket that lies so in one call."""
 
+import numpy as np
 import torch
 
 from vla_scale.config import ModelConfig
@@ -22,6 +23,10 @@ def test_only_tensors_that_lie_end_to_end_make_a_span():
     assert not end_to_end([a, torch.arange(3.0, 7.0)])  # another storage
     assert not end_to_end([buffer[:4].view(2, 2).t()])  # not contiguous
     assert not end_to_end([buffer[:2], buffer[2:4].view(torch.int32)[:0]]) and span([]) is None
+    memory = np.arange(8, dtype=np.float32)
+    neighbours = [torch.from_numpy(memory[:4]), torch.from_numpy(memory[4:])]  # side by side, two storages
+    assert neighbours[0].data_ptr() + neighbours[0].nbytes == neighbours[1].data_ptr()
+    assert not end_to_end(neighbours) and span(neighbours) is None
 
 
 def test_a_bucket_that_lies_end_to_end_is_copied_whole_and_exactly():

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vla_scale.spans import reaches
+
 _WORDS = 1024  # int32 words per row
 _ROW = 4 * _WORDS  # bytes per row
 _LANES = 4
@@ -138,24 +140,22 @@ def _bodies(flats: list[Tensor], members: list[int], size: int) -> Iterator[tupl
     per_matrix = max(1, _STACK_BYTES // size)
     runs: list[list[int]] = []
     for i in members:
-        if runs and len(runs[-1]) < per_matrix and _follows(flats[runs[-1][-1]], flats[i], size):
+        before = flats[runs[-1][-1]] if runs else None
+        if (before is not None and len(runs[-1]) < per_matrix and before.numel() == size
+                and before.data_ptr() + size == flats[i].data_ptr()):  # right after a body with no tail
             runs[-1].append(i)
         else:
             runs.append([i])
     loose = [run[0] for run in runs if len(run) == 1]
     for run in runs:
-        if len(run) > 1:
+        if len(run) > 1 and reaches(flats[run[0]], flats[run[-1]]):
             first = flats[run[0]]
             yield run, first.as_strided((len(run), size), (size, 1), first.storage_offset())
+        elif len(run) > 1:
+            loose += run
     for at in range(0, len(loose), per_matrix):
         part = loose[at : at + per_matrix]
         yield part, torch.stack([flats[i][:size] for i in part]) if len(part) > 1 else flats[part[0]][:size][None]
-
-
-def _follows(before: Tensor, after: Tensor, size: int) -> bool:
-    """Does `after` start right where `before`, all body and no tail, ends?"""
-    return (before.numel() == size and before.data_ptr() + size == after.data_ptr()
-            and before.untyped_storage().data_ptr() == after.untyped_storage().data_ptr())
 
 
 def tensor_fingerprint(tensor: Tensor) -> Tensor:

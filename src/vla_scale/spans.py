@@ -10,13 +10,26 @@ from torch import Tensor
 
 
 def end_to_end(tensors: Sequence[Tensor]) -> bool:
-    """Contiguous, of one dtype, in one storage, each starting where the one before ends."""
+    """Contiguous, of one dtype, in one storage, each starting where the one before ends.
+
+    Addresses alone are compared per tensor (asking for a tensor's storage costs microseconds, and a weight sync
+    asks this of thousands): two allocations can sit side by side, so the first tensor's storage must also reach to
+    the end of the last one."""
     if not tensors:
         return False
-    first = tensors[0]
-    storage = first.untyped_storage().data_ptr()
-    return all(t.is_contiguous() and t.dtype == first.dtype and t.untyped_storage().data_ptr() == storage
-               for t in tensors) and all(a.data_ptr() + a.nbytes == b.data_ptr() for a, b in pairwise(tensors))
+    first, last = tensors[0], tensors[-1]
+    if not all(t.is_contiguous() and t.dtype == first.dtype for t in tensors):
+        return False
+    if not all(a.data_ptr() + a.nbytes == b.data_ptr() for a, b in pairwise(tensors)):
+        return False
+    return reaches(first, last)
+
+
+def reaches(first: Tensor, last: Tensor) -> bool:
+    """Does `first`'s storage hold everything from `first` to the end of `last`?"""
+    storage = first.untyped_storage()
+    end = storage.data_ptr() + storage.nbytes()
+    return first.data_ptr() <= last.data_ptr() and last.data_ptr() + last.nbytes <= end
 
 
 def span(tensors: Sequence[Tensor]) -> Tensor | None:

@@ -158,7 +158,7 @@ def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_
     groups: list[list[str]] = []
     differs: list[Tensor] = []  # one device flag per group of tensors, read once at the end (no sync per bucket)
     total = buckets = 0
-    engine_params = dict(engine.policy.named_parameters())
+    engine_params = engine.weights
     verify_s = 0.0
     for bucket in gathered_buckets(module, bucket_mb):
         engine.update_weights_from_tensor(bucket, version)

@@ -74,6 +74,7 @@ class RolloutEngine:
         self.released = False
         self._awaiting_sync = False  # after resume_memory_occupation, until weights arrive
         self._shapes: list[torch.Size] = []
+        self.weights = dict(self.policy.named_parameters())  # by name: looked up per bucket of every sync
 
     def _lay_out_weights(self, dtype: torch.dtype | None, copy: bool, shapes: list[torch.Size] | None = None) -> None:
         """Place the weights on the engine's device end to end, in parameter order, one buffer per dtype (each
@@ -145,7 +146,7 @@ class RolloutEngine:
     @torch.no_grad()
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
         """Copy the given parameters into the engine's weights (a subset per call: buckets) and set the version."""
-        params = dict(self.policy.named_parameters())
+        params = self.weights
         targets, sources = [], []
         for name, tensor in named_tensors:
             if name not in params:
@@ -154,7 +155,8 @@ class RolloutEngine:
             if target.shape != tensor.shape:
                 raise ValueError(f"weight sync shape mismatch for {name}: engine {target.shape} vs {tensor.shape}")
             targets.append(target.data)
-            sources.append(tensor.to(target.device, target.dtype))
+            same = tensor.device == target.device and tensor.dtype == target.dtype
+            sources.append(tensor if same else tensor.to(target.device, target.dtype))
         into, whole = span(targets), span(sources)
         if into is not None and whole is not None and into.numel() == whole.numel():
             into.copy_(whole)  # both sides end to end (the engine's layout, a gathered bucket): one copy
