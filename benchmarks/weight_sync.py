@@ -165,7 +165,7 @@ def gather_check(actor: Actor, bucket_mb: int) -> None:
     """Our gathers against DeepSpeed's own (`GatheredParameters`, a few parameters at a time): same checksum?"""
     import deepspeed
 
-    from vla_scale.parallel.weight_sync import Fingerprints
+    from vla_scale.checksum import Fingerprints
 
     ours, theirs = Fingerprints(), Fingerprints()
     for bucket in gathered_buckets(actor.policy, bucket_mb):

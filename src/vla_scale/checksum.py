@@ -19,8 +19,8 @@ and order mix-ups; it is not a defence against deliberate collisions.
 
 The fingerprints of a list of tensors come from two reductions per stack of tensors of one byte length and a
 handful of kernels for the whole list, so a model's thousand tensors cost little more than their bytes.
-`weights_checksum` hashes names, shapes, dtypes and fingerprints in name order: equal iff (up to that coincidence)
-the weights are identical.
+`weights_checksum` (and `Fingerprints.checksum`) hashes names, shapes, dtypes and fingerprints in name order: equal
+iff (up to that coincidence) the weights are identical.
 """
 
 from __future__ import annotations
@@ -163,25 +163,34 @@ def tensor_fingerprint(tensor: Tensor) -> Tensor:
     return fingerprints([tensor])[0]
 
 
-def fingerprint_entries(named: Sequence[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
-    """(name with shape and dtype, fingerprint) per tensor: what a checksum is built from."""
-    prints = fingerprints([t for _, t in named])
-    return [(_key(name, t), prints[i]) for i, (name, t) in enumerate(named)]
-
-
 def _key(name: str, tensor: Tensor) -> str:
     return f"{name}:{tuple(tensor.shape)}:{tensor.dtype}"
 
 
-def checksum_of(entries: list[tuple[str, Tensor]]) -> str:
-    """Hex digest of `fingerprint_entries` results, in name order (one device->host copy for all of them)."""
-    return digest_of(*on_host(entries))
+class Fingerprints:
+    """Fingerprints of named tensors collected batch by batch (a weight sync's buckets) into one checksum: keys
+    (name, shape, dtype) on the host, one int64[n, 4] tensor per batch on the device, read back once."""
 
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.batches: list[Tensor] = []
 
-def on_host(entries: list[tuple[str, Tensor]]) -> tuple[list[str], np.ndarray]:
-    """The keys and, in one device->host copy, the fingerprints (int64[n, 4]) of `fingerprint_entries` results."""
-    prints = torch.stack([fp for _, fp in entries]).cpu().numpy() if entries else np.zeros((0, _LANES), np.int64)
-    return [key for key, _ in entries], prints
+    def add(self, named: Sequence[tuple[str, Tensor]]) -> None:
+        if named:
+            self.keys += [_key(name, t) for name, t in named]
+            self.batches.append(fingerprints([t for _, t in named]))
+
+    def on_host(self) -> tuple[list[str], np.ndarray]:
+        """The keys and their fingerprints int64[n, 4], in one device->host copy (one per batch if on several)."""
+        if not self.batches:
+            return self.keys, np.zeros((0, _LANES), np.int64)
+        if len({batch.device for batch in self.batches}) == 1:
+            return self.keys, torch.cat(self.batches).cpu().numpy()
+        return self.keys, np.concatenate([batch.cpu().numpy() for batch in self.batches])
+
+    def checksum(self) -> str:
+        """Hex digest of the keys and fingerprints, in key order."""
+        return digest_of(*self.on_host())
 
 
 def digest_of(keys: list[str], prints: np.ndarray) -> str:
@@ -198,6 +207,7 @@ def weights_checksum(named_tensors: Iterable[tuple[str, Tensor]]) -> str:
     by_device: dict[torch.device, list[tuple[str, Tensor]]] = {}
     for name, tensor in named_tensors:
         by_device.setdefault(tensor.device, []).append((name, tensor))
-    parts = [on_host(fingerprint_entries(group)) for group in by_device.values()]  # one copy per device
-    return digest_of([key for keys, _ in parts for key in keys],
-                     np.concatenate([prints for _, prints in parts]) if parts else np.zeros((0, _LANES), np.int64))
+    prints = Fingerprints()
+    for group in by_device.values():
+        prints.add(group)
+    return prints.checksum()

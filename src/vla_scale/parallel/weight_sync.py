@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.distributed_c10d import _coalescing_manager
 
-from vla_scale.checksum import checksum_of, digest_of, fingerprint_entries, on_host
+from vla_scale.checksum import Fingerprints, digest_of
 from vla_scale.spans import span
 
 if TYPE_CHECKING:
@@ -131,19 +131,6 @@ class _FlatGather:
                 for (name, param), out in zip(self.bucket, self.outputs, strict=True)]
 
 
-class Fingerprints:
-    """Collects the fingerprints of what was sent, bucket by bucket, into one checksum."""
-
-    def __init__(self) -> None:
-        self.entries: list[tuple[str, Tensor]] = []
-
-    def add(self, bucket: list[tuple[str, Tensor]]) -> None:
-        self.entries.extend(fingerprint_entries(bucket))
-
-    def checksum(self) -> str:
-        return checksum_of(self.entries)
-
-
 def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_mb: float,
                  verify: bool = True) -> SyncReport:
     """Push every parameter of `module` into `engine` bucket by bucket; raise if any copy is not exact.
@@ -239,5 +226,5 @@ def _all_ranks_checksum(mine: Fingerprints) -> str:
     """One checksum of every rank's share: keys and fingerprints travel as a list and one array per rank (pickling
     a thousand small tensors instead took a good part of a sync)."""
     shares: list = [None] * dist.get_world_size()
-    dist.all_gather_object(shares, on_host(mine.entries))
+    dist.all_gather_object(shares, mine.on_host())
     return digest_of([key for keys, _ in shares for key in keys], np.concatenate([prints for _, prints in shares]))
