@@ -14,7 +14,8 @@ two sides.
 Columns: wall time, speedup over S=1, wall / max(sim busy, decode busy) (1.00 = perfect overlap), and the busy
 seconds of each side. Then env steps/s through the fleet against the same simulators stepped in plain processes; in
 both the simulators have core 1 to themselves (for the fleet, the driver's threads and Ray's processes move to core
-0).
+0). The machine's own speed drifts by tens of percent within minutes, so the two are measured in rounds, back to
+back, and the ratio is the median of the rounds' ratios.
 
     python benchmarks/pipeline_overlap.py [--placement trainer|actor --episodes 256 --hidden 48 --layers 1 ...]
 """
@@ -62,8 +63,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--worker-core", choices=["sim", "decode", "any"], default="any",
                    help="--placement actor: core of the sim worker's process (any: unpinned, like the rest of Ray)")
     p.add_argument("--repeats", type=int, default=2, help="timed rollouts per S (best kept)")
-    p.add_argument("--rounds", type=int, default=4,
-                   help="alternating fleet / plain-process measurements of env steps/s (best of each kept)")
+    p.add_argument("--rounds", type=int, default=8,
+                   help="rounds of one fleet and one plain-process measurement of env steps/s, back to back (their "
+                        "order alternating); the ratio is the median of the rounds' ratios")
     return p.parse_args()
 
 
@@ -126,7 +128,7 @@ def rollout_row(args: argparse.Namespace, stages: int, engine: RolloutEngine, pr
         fleet.close()
 
 
-def _raw_worker(args: argparse.Namespace, slots: int, chunks: int, out: mp.Queue) -> None:
+def _raw_worker(args: argparse.Namespace, slots: int, chunks: int, ready: mp.Barrier, out: mp.Queue) -> None:
     os.sched_setaffinity(0, {SIM_CORE})
     from vla_scale.envs.registry import make_env
 
@@ -134,26 +136,29 @@ def _raw_worker(args: argparse.Namespace, slots: int, chunks: int, out: mp.Queue
     for env, task in zip(envs, tasks(slots), strict=True):
         env.reset(task)
     chunk = np.zeros((args.chunk, 7), dtype=np.float32)
+    ready.wait()  # every process built and reset: they start stepping together
     start = time.perf_counter()
     steps = 0
     for _ in range(chunks):
         for env in envs:
             steps += env.step(chunk).steps_taken
-    out.put((steps, time.perf_counter() - start))
+    out.put((steps, start, time.perf_counter()))
 
 
 def raw_steps_per_s(args: argparse.Namespace, chunks: int) -> float:
-    """The same simulators stepped directly in plain processes, no fleet in between."""
+    """The same simulators stepped directly in plain processes, no fleet in between: all steps over the time from
+    the common start to the last process's end (the clock is the machine's monotonic one, shared by processes)."""
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
+    ready = ctx.Barrier(args.sims)
     slots = args.episodes // args.sims
-    procs = [ctx.Process(target=_raw_worker, args=(args, slots, chunks, out)) for _ in range(args.sims)]
+    procs = [ctx.Process(target=_raw_worker, args=(args, slots, chunks, ready, out)) for _ in range(args.sims)]
     for proc in procs:
         proc.start()
     results = [out.get() for _ in procs]
     for proc in procs:
         proc.join()
-    return sum(s for s, _ in results) / max(t for _, t in results)
+    return sum(s for s, _, _ in results) / (max(end for _, _, end in results) - min(start for _, start, _ in results))
 
 
 def ray_and_driver_pids(sims: list[int]) -> list[int]:
@@ -222,18 +227,22 @@ def main() -> None:
         r["over_max"] = r["wall"] / max(r["sim"], r["decode"])
         print(f"{r['S']:>3} {r['wall']:>8.2f} {r['speedup']:>8.2f} {r['over_max']:>9.2f} {r['sim']:>11.2f} "
               f"{r['decode']:>14.2f}")
-    chunks = 4 * -(-args.max_steps // args.chunk)
+    chunks = 2 * -(-args.max_steps // args.chunk)
     raws, fleets = [], []
-    for _ in range(args.rounds):  # alternated, so both see the same background load
-        raws.append(raw_steps_per_s(args, chunks))
-        fleets.append(fleet_steps_per_s(args, chunks))
-    raw, fleet = max(raws), max(fleets)
-    print(f"\nenv steps/s, best of {args.rounds}: fleet {fleet:.0f} ({' '.join(f'{x:.0f}' for x in fleets)}), "
-          f"plain processes {raw:.0f} ({' '.join(f'{x:.0f}' for x in raws)}), ratio {fleet / raw:.2f}")
+    for i in range(args.rounds):  # each pair back to back, so both see the same background load; order alternates
+        first, second = (raw_steps_per_s, fleet_steps_per_s) if i % 2 == 0 else (fleet_steps_per_s, raw_steps_per_s)
+        rates = {first: first(args, chunks), second: second(args, chunks)}
+        raws.append(rates[raw_steps_per_s])
+        fleets.append(rates[fleet_steps_per_s])
+    ratios = [f / r for f, r in zip(fleets, raws, strict=True)]
+    ratio = float(np.median(ratios))
+    print(f"\nenv steps/s in {args.rounds} rounds (fleet / plain processes = ratio): "
+          + ", ".join(f"{f:.0f}/{r:.0f}={f / r:.2f}" for f, r in zip(fleets, raws, strict=True))
+          + f"; median ratio {ratio:.2f} (fleet median {np.median(fleets):.0f}, plain median {np.median(raws):.0f})")
     ray.shutdown()
     s2 = rows[1]
     print(f"pipeline: s2_speedup={s2['speedup']:.2f} s2_wall_over_max={s2['over_max']:.2f} "
-          f"fleet_over_raw={fleet / raw:.2f}")
+          f"fleet_over_raw={ratio:.2f}")
 
 
 if __name__ == "__main__":
