@@ -14,7 +14,7 @@ median of several after warm-up. Printed:
    the floor (those FLOPs / measured rate), the fast path's time, its ratio to that floor and to the floor of the
    positions it actually runs (each row at its own length: the packed path skips the pads), chunks/s and peak
    memory, and the plain (SDPA) path's time; the plain path with eager attention at B=8 (transformers' eager
-   attention, prompts padded to the longest of the batch, as HF-based stacks decode);
+   attention and its own LlamaRMSNorm, prompts padded to the longest of the batch, as HF-based stacks decode);
 4. where the fast path's time goes at B=64: stage times, GPU kernel time by kind (torch.profiler), and the SDPA
    backends on one Llama layer's attention.
 
@@ -24,13 +24,14 @@ Last line: `decode: b64_over_floor=<x.xx> chunks_per_s_vs_eager_b8=<y.yy>`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime
 import json
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from omegaconf import OmegaConf
 from vla_scale.algo import logprobs_from_logits
 from vla_scale.config import ModelConfig
 from vla_scale.models import OFTPolicy, Processor, WordTokenizer, build_policy
+from vla_scale.models.policy import FusedRMSNorm
 from vla_scale.models.processor import PolicyInputs
 from vla_scale.models.vision import ViT
 from vla_scale.rollout.engine import RolloutEngine
@@ -287,6 +289,22 @@ def gap_table(stages: dict[str, float], kinds: dict[str, float], flops: dict[str
                 "forward (towers..bins)"]}
 
 
+@contextlib.contextmanager
+def transformers_norms(policy: OFTPolicy) -> Iterator[None]:
+    """transformers' own LlamaRMSNorm (element-wise passes in float32) in place of our fused one, as HF-based stacks
+    run it: the same parameters and results up to rounding, another forward."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    fused = [m for m in policy.language_model.modules() if isinstance(m, FusedRMSNorm)]
+    for module in fused:
+        module.__class__ = LlamaRMSNorm
+    try:
+        yield
+    finally:
+        for module in fused:
+            module.__class__ = FusedRMSNorm
+
+
 def set_attention(policy: OFTPolicy, name: str) -> str:
     """Switch the Llama backbone's attention implementation; returns the previous one."""
     llm = policy.language_model
@@ -380,8 +398,9 @@ def main() -> None:
     ids, mask = trim_text(x8.input_ids, x8.attention_mask)
     x8_trim = PolicyInputs(x8.pixel_values, ids, mask, x8.proprio)
     before = set_attention(policy, "eager")
-    t_eager = median_seconds(lambda: plain.decode(x8_trim, TEMPERATURE), args.repeats)
-    t_eager_padded = median_seconds(lambda: plain.decode(x8, TEMPERATURE), args.repeats)
+    with transformers_norms(policy):
+        t_eager = median_seconds(lambda: plain.decode(x8_trim, TEMPERATURE), args.repeats)
+        t_eager_padded = median_seconds(lambda: plain.decode(x8, TEMPERATURE), args.repeats)
     set_attention(policy, before)
     report["eager_b8_s"], report["eager_b8_padded64_s"] = t_eager, t_eager_padded
 
@@ -402,7 +421,8 @@ def main() -> None:
               f"{r['B'] / r['fast_s']:>9.1f} {r['peak_gib']:>9.1f} {r['plain_s']:>8.3f} {r['T_plain']:>8}")
     b64 = next((r for r in rows if r["B"] == 64), rows[-1])
     fast_rate = b64["B"] / b64["fast_s"]
-    print(f"eager attention (plain path, bf16) B=8: {t_eager:.3f}s = {8 / t_eager:.1f} chunks/s with prompts padded to "
+    print(f"transformers' eager attention and RMSNorm (plain path, bf16) B=8: {t_eager:.3f}s = "
+          f"{8 / t_eager:.1f} chunks/s with prompts padded to "
           f"the batch's longest (fast B={b64['B']}: {fast_rate / (8 / t_eager):.2f}x); padded to max_text_len as the "
           f"Processor gives them: {t_eager_padded:.3f}s = {8 / t_eager_padded:.1f} chunks/s "
           f"({fast_rate / (8 / t_eager_padded):.2f}x)")

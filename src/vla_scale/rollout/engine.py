@@ -119,11 +119,12 @@ class RolloutEngine:
             batch = PolicyInputs(batch.pixel_values, ids, mask, batch.proprio)
         return PolicyInputs(*(self._to_device(name, t) for name, t in vars(batch).items()))
 
-    def logits(self, batch: PolicyInputs) -> Tensor:
-        """Bin logits float32[B, chunk*action_dim, n_bins] of a batch already on the device."""
+    def logits(self, batch: PolicyInputs, prompt_lengths: list[int] | None = None) -> Tensor:
+        """Bin logits float32[B, chunk*action_dim, n_bins] of a batch already on the device. `prompt_lengths`
+        (the fast path's packing, read from the host's copy of the mask) spares reading them back from the device."""
         if self.fast is None:
             return self.policy(batch).float()
-        return self.fast(batch.pixel_values, batch.input_ids, batch.attention_mask, batch.proprio)
+        return self.fast(batch.pixel_values, batch.input_ids, batch.attention_mask, batch.proprio, prompt_lengths)
 
     @torch.no_grad()
     def decode(self, batch: PolicyInputs, temperature: float, greedy: bool = False) -> Decoded:
@@ -131,7 +132,8 @@ class RolloutEngine:
         if self.released or self._awaiting_sync:
             raise RuntimeError("the rollout engine holds no weights: sync them from the actor before decoding "
                                "(after resume_memory_occupation every weight must be pushed again)")
-        raw = self.logits(self.inputs(batch))
+        lengths = batch.attention_mask.sum(dim=1).tolist() if batch.attention_mask.device.type == "cpu" else None
+        raw = self.logits(self.inputs(batch), lengths)  # lengths from the host: no wait for the copies to the GPU
         logits = raw / temperature
         if greedy:
             tokens = logits.argmax(dim=-1)

@@ -350,8 +350,9 @@ class FastForward:
 
     @torch.no_grad()
     def __call__(self, pixel_values: Tensor, input_ids: Tensor, attention_mask: Tensor,
-                 proprio: Tensor | None = None) -> Tensor:
-        """Bin logits float32[B, chunk*action_dim, n_bins], as `OFTPolicy.action_logits` gives them. Reads the
-        prompt lengths to the host (one sync, before any of the forward's work is queued)."""
-        packing = Packing.of(attention_mask.sum(dim=1).tolist())
-        return self.forward(pixel_values, input_ids, attention_mask, proprio, packing)
+                 proprio: Tensor | None = None, prompt_lengths: list[int] | None = None) -> Tensor:
+        """Bin logits float32[B, chunk*action_dim, n_bins], as `OFTPolicy.action_logits` gives them.
+        `prompt_lengths` (the mask's row sums) come from the caller's host copy; without them they are read back from
+        the device (one sync, before any of the forward's work is queued)."""
+        lengths = attention_mask.sum(dim=1).tolist() if prompt_lengths is None else prompt_lengths
+        return self.forward(pixel_values, input_ids, attention_mask, proprio, Packing.of(lengths))
