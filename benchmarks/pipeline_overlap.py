@@ -230,10 +230,12 @@ def main() -> None:
     chunks = 2 * -(-args.max_steps // args.chunk)
     raws, fleets = [], []
     for i in range(args.rounds):  # each pair back to back, so both see the same background load; order alternates
-        first, second = (raw_steps_per_s, fleet_steps_per_s) if i % 2 == 0 else (fleet_steps_per_s, raw_steps_per_s)
-        rates = {first: first(args, chunks), second: second(args, chunks)}
-        raws.append(rates[raw_steps_per_s])
-        fleets.append(rates[fleet_steps_per_s])
+        if i % 2 == 0:
+            raws.append(raw_steps_per_s(args, chunks))
+            fleets.append(fleet_steps_per_s(args, chunks))
+        else:
+            fleets.append(fleet_steps_per_s(args, chunks))
+            raws.append(raw_steps_per_s(args, chunks))
     ratios = [f / r for f, r in zip(fleets, raws, strict=True)]
     ratio = float(np.median(ratios))
     print(f"\nenv steps/s in {args.rounds} rounds (fleet / plain processes = ratio): "

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vla_scale.spans import reaches
+from vla_scale.spans import follows, reaches
 
 _WORDS = 1024  # int32 words per row
 _ROW = 4 * _WORDS  # bytes per row
@@ -141,9 +141,8 @@ def _bodies(flats: list[Tensor], members: list[int], size: int) -> Iterator[tupl
     runs: list[list[int]] = []
     for i in members:
         before = flats[runs[-1][-1]] if runs else None
-        if (before is not None and len(runs[-1]) < per_matrix and before.numel() == size
-                and before.data_ptr() + size == flats[i].data_ptr()):  # right after a body with no tail
-            runs[-1].append(i)
+        if before is not None and len(runs[-1]) < per_matrix and before.numel() == size and follows(before, flats[i]):
+            runs[-1].append(i)  # right after a body with no tail
         else:
             runs.append([i])
     loose = [run[0] for run in runs if len(run) == 1]

@@ -20,9 +20,14 @@ def end_to_end(tensors: Sequence[Tensor]) -> bool:
     first, last = tensors[0], tensors[-1]
     if not all(t.is_contiguous() and t.dtype == first.dtype for t in tensors):
         return False
-    if not all(a.data_ptr() + a.nbytes == b.data_ptr() for a, b in pairwise(tensors)):
+    if not all(follows(a, b) for a, b in pairwise(tensors)):
         return False
     return reaches(first, last)
+
+
+def follows(before: Tensor, after: Tensor) -> bool:
+    """Does `after` start at the address where `before` ends? (Addresses only: see `reaches` for the storage.)"""
+    return before.data_ptr() + before.nbytes == after.data_ptr()
 
 
 def reaches(first: Tensor, last: Tensor) -> bool:
