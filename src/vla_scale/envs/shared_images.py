@@ -13,7 +13,7 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
-from vla_scale.envs.types import SlotBatch
+from vla_scale.envs.types import ChunkStep, Observation, SlotBatch
 
 
 class ImageWriter:
@@ -35,13 +35,22 @@ class ImageWriter:
             self.blocks[camera] = held
         return held
 
-    def put(self, batch: SlotBatch) -> SlotBatch:
-        """Move the batch's images into shared memory; the batch keeps only where they are."""
-        for camera, images in list(batch.images.items()):
-            shm, rows = self._block(camera, images.shape[1:])
-            rows[batch.index] = images
+    def pack(self, kind: str, results: list[Observation | ChunkStep | None]) -> SlotBatch:
+        """`SlotBatch.pack` with each answer's images written straight into its slot's rows (one copy, no stacked
+        array in between); the batch keeps only where they are."""
+        batch = SlotBatch.pack(kind, results, images=False)
+        cameras: dict[str, tuple[int, ...]] = {}
+        for slot in batch.index.tolist():
+            result = results[slot]
+            obs = result.observation if isinstance(result, ChunkStep) else result
+            assert obs is not None
+            for camera, image in obs.images.items():
+                self._block(camera, image.shape)[1][slot] = image
+                cameras[camera] = image.shape
+        for camera, frame in cameras.items():
+            shm, rows = self.blocks[camera]
             batch.shared[camera] = (shm.name, rows.shape)
-            batch.images[camera] = images[:0]
+            batch.images[camera] = np.empty((0, *frame), dtype=np.uint8)
         return batch
 
     def close(self) -> None:

@@ -66,7 +66,7 @@ def _child_main(conn: Connection, env_name: str, env_kwargs: dict[str, Any], num
                 continue
             start = time.process_time()
             try:
-                payload = images.put(SlotBatch.pack(message[0], _serve(envs, message)))
+                payload = images.pack(message[0], _serve(envs, message))
             except Exception:  # noqa: BLE001 - any env failure is sent back and re-raised in the parent
                 conn.send(("error", traceback.format_exc(), time.process_time() - start))
                 continue

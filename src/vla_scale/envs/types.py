@@ -75,15 +75,26 @@ class SlotBatch:
     shared: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # camera -> shared block, shape
 
     @staticmethod
-    def pack(kind: str, results: list[Observation | ChunkStep | None]) -> SlotBatch:
-        index = np.array([i for i, r in enumerate(results) if r is not None], dtype=np.int64)
-        steps = [r for r in results if isinstance(r, ChunkStep)]
-        obs = [r.observation if isinstance(r, ChunkStep) else r for r in results if r is not None]
-        cameras = list(obs[0].images) if obs else []
+    def pack(kind: str, results: list[Observation | ChunkStep | None], images: bool = True) -> SlotBatch:
+        """Pack one request's answers (one pass over them); `images=False` leaves the images out (a shared-memory
+        writer places them itself)."""
+        index: list[int] = []
+        obs: list[Observation] = []
+        steps: list[ChunkStep] = []
+        for slot, result in enumerate(results):
+            if result is None:
+                continue
+            index.append(slot)
+            if isinstance(result, ChunkStep):
+                steps.append(result)
+                obs.append(result.observation)
+            else:
+                obs.append(result)
+        cameras = list(obs[0].images) if obs and images else []
         return SlotBatch(
             kind=kind,
             size=len(results),
-            index=index,
+            index=np.array(index, dtype=np.int64),
             images={c: np.stack([o.images[c] for o in obs]) for c in cameras},
             proprio=np.stack([o.proprio for o in obs]) if obs else np.zeros((0, 0), np.float32),
             instructions=[o.instruction for o in obs],
