@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from vla_scale.envs.shared_images import ImageReader, ImageWriter
 from vla_scale.envs.types import ChunkStep, Observation, SlotBatch
@@ -46,6 +47,17 @@ def test_pack_writes_each_image_into_its_slot_row_and_keeps_the_rest() -> None:
         assert reader.take(bigger).images["front"].shape == (1, 16, 16, 3)
     finally:
         reader.close()
+        writer.close()
+
+
+def test_frames_of_two_sizes_in_one_answer_are_refused() -> None:
+    writer = ImageWriter(num_slots=2)
+    try:
+        results = answers(2, [0], side=8, seed=3)
+        results[1] = answers(2, [1], side=16, seed=4)[1]
+        with pytest.raises(ValueError, match="camera 'front' gave frames of shapes"):
+            writer.pack("step", results)
+    finally:
         writer.close()
 
 

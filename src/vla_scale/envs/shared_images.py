@@ -45,8 +45,10 @@ class ImageWriter:
             obs = result.observation if isinstance(result, ChunkStep) else result
             assert obs is not None
             for camera, image in obs.images.items():
+                if cameras.setdefault(camera, image.shape) != image.shape:
+                    raise ValueError(f"camera {camera!r} gave frames of shapes {cameras[camera]} and {image.shape} "
+                                     "in one answer: every simulator of a process must render it at one size")
                 self._block(camera, image.shape)[1][slot] = image
-                cameras[camera] = image.shape
         for camera, frame in cameras.items():
             shm, rows = self.blocks[camera]
             batch.shared[camera] = (shm.name, rows.shape)
