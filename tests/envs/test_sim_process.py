@@ -7,7 +7,10 @@ import os
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,3 +140,34 @@ def test_argument_checks() -> None:
             proc.send_step(np.zeros((1, CHUNK, ACTION_DIM)), np.array([True, True]))
         with pytest.raises(RuntimeError, match="without a pending request"):
             proc.recv(timeout_s=0.1)
+
+
+LAUNCHER = '''
+import os, sys
+with open(sys.argv[1], "a") as marks:  # top-level code: a child that re-imports this script writes here too
+    marks.write(f"{os.getpid()}\\n")
+
+if __name__ == "__main__":
+    from vla_scale.envs.sim_process import SimProcess
+    from vla_scale.envs.types import TaskSpec
+
+    with SimProcess("reach", num_slots=1, env_kwargs={"camera_resolution": 16}) as proc:
+        proc.send_reset([TaskSpec("reach", 0, 0)])
+        proc.recv(timeout_s=60.0)
+        print(proc.pid)
+'''
+
+
+def test_the_child_does_not_run_the_parents_main_module(tmp_path) -> None:
+    """A spawned multiprocessing child re-imports the parent's script (and whatever it imports at the top, torch
+    in a typical training script); the simulator child must not."""
+    script, marks = tmp_path / "launcher.py", tmp_path / "marks.txt"
+    script.write_text(LAUNCHER)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, str(script), str(marks)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    child = int(run.stdout.split()[-1])
+    written = marks.read_text().split()
+    assert len(written) == 1 and written[0] != str(child)  # the launcher's own pid, once

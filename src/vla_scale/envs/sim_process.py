@@ -1,8 +1,11 @@
 """One simulator subprocess hosting `num_slots` envs, driven over a duplex pipe with split send/recv halves.
 
-The child is started with the "spawn" context and builds its envs itself (`make_env` runs in the child), so no GL/EGL
-state is inherited. It sets MUJOCO_GL=egl when unset, before anything imports mujoco; this module imports neither
-mujoco nor torch.
+The child is a fresh interpreter running this module's `_child_entry` (`python -c`, the parent's `sys.path` first),
+connected over a socket pair, and builds its envs itself (`make_env` runs in the child), so no GL/EGL state is
+inherited. Unlike a multiprocessing "spawn" child it does not import the parent's main module: a simulator started
+from a script that imports torch at the top does not load torch too. It shares the parent's shared-memory resource
+tracker, as a spawned child would. It sets MUJOCO_GL=egl when unset, before anything imports mujoco; this module
+imports neither mujoco nor torch.
 
 Protocol (parent -> child): ("reset", tasks, active) | ("step", chunks, active) | ("close",); slots whose `active`
 flag is off are left alone and answer None. Child -> parent: ("ok", SlotBatch, cpu_seconds) | ("error", traceback
@@ -21,12 +24,17 @@ inside the child also raises SimulatorError (with the child traceback) but the p
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import atexit
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 import traceback
+import weakref
 from collections import deque
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any, Self
 
@@ -89,6 +97,41 @@ def _serve(envs: list[Any], message: tuple) -> list[Any]:
     raise ValueError(f"unknown request {kind!r}")
 
 
+def _child_entry(fd: int, tracker_fd: int) -> None:
+    """The child program: adopt the parent's resource tracker, read what to build, serve."""
+    resource_tracker._resource_tracker._fd = tracker_fd  # as a spawned child does: register with the parent's tracker
+    conn = Connection(fd)
+    env_name, env_kwargs, num_slots = conn.recv()
+    _child_main(conn, env_name, env_kwargs, num_slots)
+
+
+def _start_child(env_name: str, env_kwargs: dict[str, Any], num_slots: int) -> tuple[subprocess.Popen, Connection]:
+    """A fresh interpreter serving over one end of a socket pair; returns it and the parent's end."""
+    ours, theirs = socket.socketpair()
+    resource_tracker.ensure_running()
+    tracker_fd = resource_tracker._resource_tracker._fd
+    assert tracker_fd is not None
+    code = (f"import sys; sys.path[:0] = {sys.path!r}; "
+            f"from vla_scale.envs.sim_process import _child_entry; _child_entry({theirs.fileno()}, {tracker_fd})")
+    try:
+        child = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(), tracker_fd))
+    finally:
+        theirs.close()  # the child holds its own copy: the parent sees EOF when the child dies
+    conn = Connection(ours.detach())
+    conn.send((env_name, env_kwargs, num_slots))
+    return child, conn
+
+
+_open: weakref.WeakSet[SimProcess] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_processes() -> None:
+    """At interpreter exit, close simulators still open (a child hung in a step would not notice the exit)."""
+    for proc in list(_open):
+        proc.close(timeout_s=0.5)
+
+
 class SimProcess:
     """A subprocess running `num_slots` instances of env `env_name`; requests are answered in order."""
 
@@ -100,17 +143,7 @@ class SimProcess:
         self.env_name = env_name
         self.num_slots = num_slots
         self.env_kwargs = dict(env_kwargs or {})
-        ctx = mp.get_context("spawn")
-        self._conn, child_conn = ctx.Pipe(duplex=True)
-        self._process = ctx.Process(
-            target=_child_main,
-            args=(child_conn, env_name, self.env_kwargs, num_slots),
-            name=f"sim-{env_name}",
-            daemon=True,
-        )
-        self._process.start()
-        child_conn.close()  # so the parent sees EOF when the child dies
-        assert self._process.pid is not None
+        self._process, self._conn = _start_child(env_name, self.env_kwargs, num_slots)
         self._pid: int = self._process.pid
         self._pending: deque[str] = deque()
         self._booted = False
@@ -119,13 +152,14 @@ class SimProcess:
         self.busy_s = 0.0
         self.broken = False
         self._closed = False
+        _open.add(self)
 
     @property
     def pid(self) -> int:
         return self._pid
 
     def is_alive(self) -> bool:
-        return not self._closed and self._process.is_alive()
+        return not self._closed and self._process.poll() is None
 
     def _describe(self, call: str | None) -> str:
         return f"simulator pid={self._pid} env={self.env_name!r} call={call!r}"
@@ -141,7 +175,7 @@ class SimProcess:
         try:
             self._conn.send(message)
         except (BrokenPipeError, OSError) as exc:
-            raise self._fail(call, f"child is gone (exitcode={self._process.exitcode}): {exc!r}") from exc
+            raise self._fail(call, f"child is gone (exitcode={self._process.poll()}): {exc!r}") from exc
         self._pending.append(call)
 
     @property
@@ -191,8 +225,8 @@ class SimProcess:
                 raise self._fail(call, f"no answer within {timeout_s:.3f}s (alive={self.is_alive()})")
             status, payload, busy_s = self._conn.recv()
         except (EOFError, OSError) as exc:
-            self._process.join(timeout=1.0)
-            raise self._fail(call, f"child died (exitcode={self._process.exitcode})") from exc
+            self._wait(1.0)
+            raise self._fail(call, f"child died (exitcode={self._process.poll()})") from exc
         self._pending.popleft()
         self._booted = True
         self.busy_s += busy_s
@@ -200,27 +234,36 @@ class SimProcess:
             raise SimulatorError(f"{self._describe(call)}: raised in the child:\n{payload}")
         return self._images.take(payload) if copy_images else self._images.attach(payload)
 
+    def _wait(self, timeout_s: float | None) -> bool:
+        """Wait for the child to exit (None: for good); whether it has."""
+        try:
+            self._process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def close(self, timeout_s: float = 2.0) -> None:
         """Ask the child to exit; terminate, then kill it if it does not within timeout_s (a broken one: kill)."""
         if self._closed:
             return
         self._closed = True
-        if not self.broken and self._process.is_alive():
+        _open.discard(self)
+        exited = self._process.poll() is not None
+        if not self.broken and not exited:
             try:
                 self._conn.send(("close",))
             except (BrokenPipeError, OSError):
                 pass
-            self._process.join(timeout=timeout_s)
-        if self._process.is_alive() and not self.broken:
+            exited = self._wait(timeout_s)
+        if not exited and not self.broken:
             self._process.terminate()
-            self._process.join(timeout=0.5)
-        if self._process.is_alive():  # a broken child may be hung or stopped: SIGKILL at once
+            exited = self._wait(0.5)
+        if not exited:  # a broken child may be hung or stopped: SIGKILL at once
             self._process.kill()
-            self._process.join()
+            self._wait(None)
         # a child that did not exit by itself (broken, killed, terminated) could not remove its image blocks
-        self._images.close(unlink=self.broken or self._process.exitcode != 0)
+        self._images.close(unlink=self.broken or self._process.returncode != 0)
         self._conn.close()
-        self._process.close()
 
     def __enter__(self) -> Self:
         return self
