@@ -13,7 +13,7 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
-from vla_scale.envs.types import ChunkStep, Observation, SlotBatch
+from vla_scale.envs.types import ChunkStep, Observation, SlotBatch, observation_of
 
 
 class ImageWriter:
@@ -41,10 +41,9 @@ class ImageWriter:
         batch = SlotBatch.pack(kind, results, images=False)
         cameras: dict[str, tuple[int, ...]] = {}
         for slot in batch.index.tolist():
-            result = results[slot]
-            obs = result.observation if isinstance(result, ChunkStep) else result
-            assert obs is not None
-            for camera, image in obs.images.items():
+            answer = results[slot]
+            assert answer is not None
+            for camera, image in observation_of(answer).images.items():
                 if cameras.setdefault(camera, image.shape) != image.shape:
                     raise ValueError(f"camera {camera!r} gave frames of shapes {cameras[camera]} and {image.shape} "
                                      "in one answer: every simulator of a process must render it at one size")

@@ -1,4 +1,4 @@
-"""One simulator subprocess hosting `num_slots` envs, driven over a duplex pipe with split send/recv halves.
+"""One simulator subprocess hosting `num_slots` envs, driven over a socket pair with split send/recv halves.
 
 The child is a fresh interpreter running this module's `_child_entry` (`python -c`, the parent's `sys.path` first),
 connected over a socket pair, and builds its envs itself (`make_env` runs in the child), so no GL/EGL state is
@@ -144,7 +144,6 @@ class SimProcess:
         self.num_slots = num_slots
         self.env_kwargs = dict(env_kwargs or {})
         self._process, self._conn = _start_child(env_name, self.env_kwargs, num_slots)
-        self._pid: int = self._process.pid
         self._pending: deque[str] = deque()
         self._booted = False
         self._images = ImageReader()
@@ -156,13 +155,13 @@ class SimProcess:
 
     @property
     def pid(self) -> int:
-        return self._pid
+        return self._process.pid
 
     def is_alive(self) -> bool:
         return not self._closed and self._process.poll() is None
 
     def _describe(self, call: str | None) -> str:
-        return f"simulator pid={self._pid} env={self.env_name!r} call={call!r}"
+        return f"simulator pid={self.pid} env={self.env_name!r} call={call!r}"
 
     def _fail(self, call: str | None, why: str) -> SimulatorError:
         self.broken = True

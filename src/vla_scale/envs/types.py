@@ -52,6 +52,11 @@ class Env(Protocol):
     def close(self) -> None: ...
 
 
+def observation_of(answer: Observation | ChunkStep) -> Observation:
+    """What the policy sees next after a slot's answer: the reset's observation, or the chunk's last one."""
+    return answer.observation if isinstance(answer, ChunkStep) else answer
+
+
 @dataclass
 class SlotBatch:
     """The answers of many simulator slots packed into a few arrays.
@@ -85,11 +90,9 @@ class SlotBatch:
             if result is None:
                 continue
             index.append(slot)
+            obs.append(observation_of(result))
             if isinstance(result, ChunkStep):
                 steps.append(result)
-                obs.append(result.observation)
-            else:
-                obs.append(result)
         cameras = list(obs[0].images) if obs and images else []
         return SlotBatch(
             kind=kind,
