@@ -171,3 +171,30 @@ def test_the_child_does_not_run_the_parents_main_module(tmp_path) -> None:
     child = int(run.stdout.split()[-1])
     written = marks.read_text().split()
     assert len(written) == 1 and written[0] != str(child)  # the launcher's own pid, once
+
+
+def rasterizer_threads(pid: int) -> int:
+    """Threads of process `pid` that Mesa's llvmpipe started to rasterize frames."""
+    names = [(Path(f"/proc/{pid}/task") / tid / "comm").read_text() for tid in os.listdir(f"/proc/{pid}/task")]
+    return sum(name.startswith("llvmpipe") for name in names)
+
+
+def threads_after_a_render() -> int:
+    with SimProcess("reach", num_slots=2, env_kwargs={"camera_resolution": 16}) as proc:
+        proc.send_reset([TaskSpec("reach", 0, 0), TaskSpec("reach", 1, 1)])
+        proc.recv(timeout_s=BOOT_TIMEOUT_S)
+        return rasterizer_threads(proc.pid)
+
+
+def test_simulators_render_without_rasterizer_threads_unless_asked(monkeypatch) -> None:
+    """llvmpipe (CPU EGL) would start a rasterizer thread per CPU in every simulator process; a child renders in its
+    own thread unless LP_NUM_THREADS says otherwise."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("llvmpipe starts no rasterizer threads on one CPU: nothing to tell apart")
+    monkeypatch.setenv("LP_NUM_THREADS", "2")
+    asked = threads_after_a_render()
+    if asked == 0:
+        pytest.skip("the renderer here is not Mesa's llvmpipe")
+    assert asked == 2  # the caller's setting is kept
+    monkeypatch.delenv("LP_NUM_THREADS")
+    assert threads_after_a_render() == 0

@@ -7,6 +7,11 @@ from a script that imports torch at the top does not load torch too. It shares t
 tracker, as a spawned child would. It sets MUJOCO_GL=egl when unset, before anything imports mujoco; this module
 imports neither mujoco nor torch.
 
+Rendering on the CPU: Mesa's llvmpipe, the EGL renderer of machines without a GPU, starts one rasterizer thread per
+CPU the process may run on and hands every frame to them. A fleet already runs many simulator processes per core,
+so those threads only add hand-overs and context switches (`benchmarks/render_threads.py`). A child therefore
+renders in its own thread (LP_NUM_THREADS=0) unless the caller has set LP_NUM_THREADS. Other renderers ignore it.
+
 Protocol (parent -> child): ("reset", tasks, active) | ("step", chunks, active) | ("close",); slots whose `active`
 flag is off are left alone and answer None. Child -> parent: ("ok", SlotBatch, cpu_seconds) | ("error", traceback
 text, cpu_seconds). Requests are answered exactly once, in the order they were sent, so several may be in flight
@@ -51,6 +56,7 @@ class SimulatorError(RuntimeError):
 def _child_main(conn: Connection, env_name: str, env_kwargs: dict[str, Any], num_slots: int) -> None:
     """Serve requests until "close" or until the parent end of the pipe goes away."""
     os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("LP_NUM_THREADS", "0")  # llvmpipe: no rasterizer threads (see the module docstring)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which closes its children
     envs: list[Any] = []
     images = ImageWriter(num_slots)
