@@ -39,19 +39,21 @@ class ImageWriter:
         """`SlotBatch.pack` with each answer's images written straight into its slot's rows (one copy, no stacked
         array in between); the batch keeps only where they are."""
         batch = SlotBatch.pack(kind, results, images=False)
-        cameras: dict[str, tuple[int, ...]] = {}
+        rows: dict[str, np.ndarray] = {}  # camera -> its block's rows, looked up once per camera
         for slot in batch.index.tolist():
             answer = results[slot]
             assert answer is not None
             for camera, image in observation_of(answer).images.items():
-                if cameras.setdefault(camera, image.shape) != image.shape:
-                    raise ValueError(f"camera {camera!r} gave frames of shapes {cameras[camera]} and {image.shape} "
-                                     "in one answer: every simulator of a process must render it at one size")
-                self._block(camera, image.shape)[1][slot] = image
-        for camera, frame in cameras.items():
-            shm, rows = self.blocks[camera]
-            batch.shared[camera] = (shm.name, rows.shape)
-            batch.images[camera] = np.empty((0, *frame), dtype=np.uint8)
+                if camera not in rows:
+                    rows[camera] = self._block(camera, image.shape)[1]
+                elif rows[camera].shape[1:] != image.shape:
+                    raise ValueError(f"camera {camera!r} gave frames of shapes {rows[camera].shape[1:]} and "
+                                     f"{image.shape} in one answer: every simulator of a process must render it at "
+                                     "one size")
+                rows[camera][slot] = image
+        for camera, block in rows.items():
+            batch.shared[camera] = (self.blocks[camera][0].name, block.shape)
+            batch.images[camera] = np.empty((0, *block.shape[1:]), dtype=np.uint8)
         return batch
 
     def close(self) -> None:
