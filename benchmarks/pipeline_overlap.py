@@ -12,10 +12,10 @@ table prints both), and enough episodes per stage that a stage's work is long ag
 two sides.
 
 Columns: wall time, speedup over S=1, wall / max(sim busy, decode busy) (1.00 = perfect overlap), and the busy
-seconds of each side. Then env steps/s through the fleet against the same simulators stepped in plain processes; in
-both the simulators have core 1 to themselves (for the fleet, the driver's threads and Ray's processes move to core
-0). The machine's own speed drifts by tens of percent within minutes, so the two are measured in rounds, back to
-back, and the ratio is the median of the rounds' ratios.
+seconds of each side. Then env steps/s through the fleet against the same simulators stepping in a plain loop inside
+their own processes (same envs, same memory: no fleet in between); in both the simulators have core 1 to themselves
+(the driver's threads and Ray's processes move to core 0). The machine's own speed drifts by tens of percent within
+minutes, so the two are measured in short bursts, back to back, and the ratio is the median of the rounds' ratios.
 
     python benchmarks/pipeline_overlap.py [--placement trainer|actor --episodes 256 --hidden 48 --layers 1 ...]
 """
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import multiprocessing as mp
 import os
 import time
 
@@ -63,9 +62,10 @@ def parse() -> argparse.Namespace:
     p.add_argument("--worker-core", choices=["sim", "decode", "any"], default="any",
                    help="--placement actor: core of the sim worker's process (any: unpinned, like the rest of Ray)")
     p.add_argument("--repeats", type=int, default=2, help="timed rollouts per S (best kept)")
-    p.add_argument("--rounds", type=int, default=8,
-                   help="rounds of one fleet and one plain-process measurement of env steps/s, back to back (their "
-                        "order alternating); the ratio is the median of the rounds' ratios")
+    p.add_argument("--rounds", type=int, default=16,
+                   help="rounds of one burst through the fleet and one plain-loop burst in the same processes, back "
+                        "to back (their order alternating); the ratio is the median of the rounds' ratios")
+    p.add_argument("--burst", type=int, default=4, help="chunks per slot in each burst of those rounds")
     return p.parse_args()
 
 
@@ -128,39 +128,6 @@ def rollout_row(args: argparse.Namespace, stages: int, engine: RolloutEngine, pr
         fleet.close()
 
 
-def _raw_worker(args: argparse.Namespace, slots: int, chunks: int, ready: mp.Barrier, out: mp.Queue) -> None:
-    os.sched_setaffinity(0, {SIM_CORE})
-    from vla_scale.envs.registry import make_env
-
-    envs = [make_env("reach", **env_kwargs(args, endless=True)) for _ in range(slots)]
-    for env, task in zip(envs, tasks(slots), strict=True):
-        env.reset(task)
-    chunk = np.zeros((args.chunk, 7), dtype=np.float32)
-    ready.wait()  # every process built and reset: they start stepping together
-    start = time.perf_counter()
-    steps = 0
-    for _ in range(chunks):
-        for env in envs:
-            steps += env.step(chunk).steps_taken
-    out.put((steps, start, time.perf_counter()))
-
-
-def raw_steps_per_s(args: argparse.Namespace, chunks: int) -> float:
-    """The same simulators stepped directly in plain processes, no fleet in between: all steps over the time from
-    the common start to the last process's end (the clock is the machine's monotonic one, shared by processes)."""
-    ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()
-    ready = ctx.Barrier(args.sims)
-    slots = args.episodes // args.sims
-    procs = [ctx.Process(target=_raw_worker, args=(args, slots, chunks, ready, out)) for _ in range(args.sims)]
-    for proc in procs:
-        proc.start()
-    results = [out.get() for _ in procs]
-    for proc in procs:
-        proc.join()
-    return sum(s for s, _, _ in results) / (max(end for _, _, end in results) - min(start for _, start, _ in results))
-
-
 def ray_and_driver_pids(sims: list[int]) -> list[int]:
     """Every Ray process of this session (raylet, GCS, workers) and every thread of this process, but the sims."""
     own = [int(t) for t in os.listdir("/proc/self/task")]
@@ -169,32 +136,50 @@ def ray_and_driver_pids(sims: list[int]) -> list[int]:
     return own + ray_procs
 
 
-def fleet_steps_per_s(args: argparse.Namespace, chunks: int) -> float:
-    """Env steps/s through the fleet: two requests in flight, chunks sent as soon as the answer arrives.
+def through_fleet(fleet: SimFleet, stage: np.ndarray, args: argparse.Namespace) -> float:
+    """Env steps/s of one burst through the fleet: every slot steps `--burst` chunks, two requests (one per stage)
+    in flight, each sent as soon as the answer before it arrives."""
+    zeros = np.zeros((args.episodes, args.chunk, 7), dtype=np.float32)
+    for s in range(2):
+        fleet.send_step(zeros, stage == s)
+    steps, start = 0, time.perf_counter()
+    for i in range(2 * args.burst):
+        results = fleet.recv()
+        steps += sum(r.steps_taken for r in results if r is not None)
+        if i < 2 * args.burst - 2:
+            fleet.send_step(zeros, stage == i % 2)
+    return steps / (time.perf_counter() - start)
 
-    As in the plain-process measurement, the simulator processes have the sim core to themselves: nothing decodes
-    here, so the driver's threads (a worker in this process receives on one of them) and Ray's processes are moved
-    to the decode core for the duration."""
+
+def fleet_and_plain_loop(args: argparse.Namespace) -> tuple[list[float], list[float]]:
+    """Env steps/s through the fleet and of the same simulators stepping in a plain loop inside their own processes
+    (`SimFleet.plain_loop_steps_per_s`), in alternating bursts of the same work.
+
+    Both sides are the same processes, envs and memory. How fast a simulator process steps depends on where its
+    memory landed: processes built alike, one after the other, stepped 1.3-2.5x apart here, for as long as they
+    lived. Only the same processes can be compared to a few percent. As in the rollout rows the simulators have the
+    sim core to themselves; nothing decodes here, so the driver's threads (a worker in this process receives on one
+    of them) and Ray's processes are moved to the decode core for the duration."""
     fleet = SimFleet("reach", env_kwargs(args, endless=True), args.episodes, 1, args.sims, timeout_s=120, stages=2,
                      in_process=args.placement == "trainer")
     before = os.sched_getaffinity(0)
     try:
         stage = fleet.stage_of()
-        everything = np.ones(args.episodes, dtype=bool)
-        fleet.send_reset(tasks(args.episodes), everything)
+        fleet.send_reset(tasks(args.episodes), np.ones(args.episodes, dtype=bool))
         fleet.recv()
         pin_fleet(fleet, args.worker_core)
         pin(ray_and_driver_pids(fleet.pids()), {DECODE_CORE})
-        zeros = np.zeros((args.episodes, args.chunk, 7), dtype=np.float32)
-        for s in range(2):
-            fleet.send_step(zeros, stage == s)
-        steps, start = 0, time.perf_counter()
-        for i in range(2 * chunks):
-            results = fleet.recv()
-            steps += sum(r.steps_taken for r in results if r is not None)
-            if i < 2 * chunks - 2:
-                fleet.send_step(zeros, stage == i % 2)
-        return steps / (time.perf_counter() - start)
+        chunk = np.zeros((args.chunk, 7), dtype=np.float32)
+        through_fleet(fleet, stage, args)  # warm-up of both paths
+        fleet.plain_loop_steps_per_s(chunk, 1, timeout_s=120)
+        fleets, loops = [], []
+        for i in range(args.rounds):  # each pair back to back; the order alternates
+            if i % 2 == 0:
+                fleets.append(through_fleet(fleet, stage, args))
+            loops.append(fleet.plain_loop_steps_per_s(chunk, args.burst, timeout_s=120))
+            if i % 2 == 1:
+                fleets.append(through_fleet(fleet, stage, args))
+        return fleets, loops
     finally:
         fleet.close()
         for tid in (int(t) for t in os.listdir("/proc/self/task")):  # back to where the rollout rows had them
@@ -227,20 +212,13 @@ def main() -> None:
         r["over_max"] = r["wall"] / max(r["sim"], r["decode"])
         print(f"{r['S']:>3} {r['wall']:>8.2f} {r['speedup']:>8.2f} {r['over_max']:>9.2f} {r['sim']:>11.2f} "
               f"{r['decode']:>14.2f}")
-    chunks = 2 * -(-args.max_steps // args.chunk)
-    raws, fleets = [], []
-    for i in range(args.rounds):  # each pair back to back, so both see the same background load; order alternates
-        if i % 2 == 0:
-            raws.append(raw_steps_per_s(args, chunks))
-            fleets.append(fleet_steps_per_s(args, chunks))
-        else:
-            fleets.append(fleet_steps_per_s(args, chunks))
-            raws.append(raw_steps_per_s(args, chunks))
-    ratios = [f / r for f, r in zip(fleets, raws, strict=True)]
+    fleets, loops = fleet_and_plain_loop(args)
+    ratios = [f / p for f, p in zip(fleets, loops, strict=True)]
     ratio = float(np.median(ratios))
-    print(f"\nenv steps/s in {args.rounds} rounds (fleet / plain processes = ratio): "
-          + ", ".join(f"{f:.0f}/{r:.0f}={f / r:.2f}" for f, r in zip(fleets, raws, strict=True))
-          + f"; median ratio {ratio:.2f} (fleet median {np.median(fleets):.0f}, plain median {np.median(raws):.0f})")
+    print(f"\nenv steps/s in {args.rounds} rounds of {args.burst} chunks per slot (fleet / plain loop in the same "
+          "processes = ratio): " + ", ".join(f"{f:.0f}/{p:.0f}={f / p:.2f}" for f, p in zip(fleets, loops, strict=True))
+          + f"; median ratio {ratio:.2f} (fleet median {np.median(fleets):.0f}, plain loop median "
+          f"{np.median(loops):.0f})")
     ray.shutdown()
     s2 = rows[1]
     print(f"pipeline: s2_speedup={s2['speedup']:.2f} s2_wall_over_max={s2['over_max']:.2f} "

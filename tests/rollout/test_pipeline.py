@@ -210,3 +210,23 @@ def test_workers_in_this_process_are_no_ray_actors_and_play_as_the_actors_do(par
                                                                         len(actor))
         for name in ("images", "proprio", "tokens", "logprobs"):
             np.testing.assert_array_equal(np.stack(getattr(here, name)), np.stack(getattr(actor, name)))
+
+
+def test_the_plain_loop_steps_every_simulator_of_the_fleet_in_its_own_process(parts, in_process):
+    fleet = make_fleet(stages=2, max_steps=1000, in_process=in_process)
+    try:
+        tasks, _ = tasks_and_uids(8)
+        fleet.send_reset(tasks, np.ones(8, dtype=bool))
+        fleet.recv()
+        chunk = np.zeros((4, 7), dtype=np.float32)
+        fleet.send_step(np.zeros((8, 4, 7), dtype=np.float32), fleet.stage_of() == 0)
+        with pytest.raises(RuntimeError, match="cannot follow requests still unanswered"):
+            fleet.plain_loop_steps_per_s(chunk, 2, timeout_s=30.0)
+        fleet.recv()
+        assert fleet.plain_loop_steps_per_s(chunk, 3, timeout_s=30.0) > 0
+        fleet.send_step(np.zeros((8, 4, 7), dtype=np.float32), np.ones(8, dtype=bool))
+        # stage 0 stepped 1 + 3 + 1 chunks of 4, stage 1 (skipped by the first step) 3 + 1
+        steps = [r.info["episode_steps"] for r in fleet.recv()]
+        assert steps == [20 if s == 0 else 16 for s in fleet.stage_of()]
+    finally:
+        fleet.close()

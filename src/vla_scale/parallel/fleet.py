@@ -112,6 +112,21 @@ class SimWorker:
             live[list(self.lost)] = False  # lost slots are answered with Restarted, not stepped
             self._send("step", mask, lambda proc, part: proc.send_step(chunks[part], live[part]))
 
+    @ray.method(concurrency_group="send")
+    def send_loop(self, chunk: np.ndarray, repeats: int) -> None:
+        """Start a plain stepping loop in every process (`SimProcess.send_loop`); nothing else may be pending."""
+        with self.lock:
+            if not self.requests.empty():
+                raise RuntimeError(f"sim worker {self.index}: a loop cannot follow requests still unanswered")
+            for proc in self.procs:
+                proc.send_loop(chunk, repeats)
+
+    @ray.method(concurrency_group="recv")
+    def recv_loop(self, timeout_s: float) -> tuple[int, float]:
+        """(env steps, seconds from the first process's start to the last one's end) of the loop sent last."""
+        answers = [proc.recv_loop(timeout_s) for proc in self.procs]
+        return sum(a[0] for a in answers), max(a[2] for a in answers) - min(a[1] for a in answers)
+
     def _send(self, kind: str, mask: np.ndarray, send) -> None:
         """Forward a request to every process, then queue it for recv() (caller holds the lock)."""
         for k, proc in enumerate(self.procs):
@@ -331,6 +346,21 @@ class SimFleet:
             results.extend(part)
             assert len(part) == self.per_worker, (i, len(part))
         return results
+
+    def plain_loop_steps_per_s(self, chunk: np.ndarray, repeats: int, timeout_s: float) -> float:
+        """Env steps/s of the fleet's own simulators stepping in a plain loop inside their processes, all at once:
+        every slot `repeats` times with `chunk` [T, A] (`SimProcess.send_loop`; nothing may be pending).
+
+        The yardstick of what driving them through the fleet costs: the same envs, in the same processes and
+        memory, with no requests, answers or hand-overs in between."""
+        if self.in_process:
+            for worker in self.workers:
+                worker.send_loop(chunk, repeats)
+            parts = [worker.recv_loop(timeout_s) for worker in self.workers]
+        else:
+            ray.get([worker.send_loop.remote(chunk, repeats) for worker in self.workers])
+            parts = ray.get([worker.recv_loop.remote(timeout_s) for worker in self.workers])
+        return sum(steps for steps, _ in parts) / max(seconds for _, seconds in parts)
 
     def pids(self) -> list[int]:
         """Process ids of the simulator processes."""
