@@ -17,7 +17,7 @@ import pytest
 
 from vla_scale.envs.reach import ACTION_DIM, CAMERA, ReachEnv
 from vla_scale.envs.shared_images import ImageReader
-from vla_scale.envs.sim_process import SimProcess, SimulatorError
+from vla_scale.envs.sim_process import SimProcess, SimulatorError, _child_environment
 from vla_scale.envs.types import ChunkStep, TaskSpec
 
 BOOT_TIMEOUT_S = 60.0  # the first answer includes the child's interpreter start and imports
@@ -231,3 +231,16 @@ def test_simulators_render_without_rasterizer_threads_unless_asked(monkeypatch) 
     assert asked == 2  # the caller's setting is kept
     monkeypatch.delenv("LP_NUM_THREADS")
     assert threads_after_a_render() == 0
+
+
+def test_simulators_keep_more_freed_chunks_at_hand_and_the_callers_tunables(monkeypatch) -> None:
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    with SimProcess("reach", env_kwargs={"camera_resolution": 16}) as proc:
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+    assert b"GLIBC_TUNABLES=glibc.malloc.tcache_count=256" in environ  # what the child started with
+    # glibc cuts the string it parsed after the first value (in the child's initial environment, which /proc shows)
+    # so a caller's tunables are checked where they are put together
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1048576")
+    assert _child_environment()["GLIBC_TUNABLES"] == "glibc.malloc.trim_threshold=1048576:glibc.malloc.tcache_count=256"
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=7")
+    assert _child_environment()["GLIBC_TUNABLES"] == "glibc.malloc.tcache_count=7"  # the caller's own choice stands
