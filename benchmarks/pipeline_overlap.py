@@ -15,7 +15,8 @@ Columns: wall time, speedup over S=1, wall / max(sim busy, decode busy) (1.00 = 
 seconds of each side. Then env steps/s through the fleet against the same simulators stepping in a plain loop inside
 their own processes (same envs, same memory: no fleet in between); in both the simulators have core 1 to themselves
 (the driver's threads and Ray's processes move to core 0). The machine's own speed drifts by tens of percent within
-minutes, so the two are measured in short bursts, back to back, and the ratio is the median of the rounds' ratios.
+minutes, so the two are measured in bursts of one rollout's chunks, back to back, and the ratio is the median of the
+rounds' ratios.
 
     python benchmarks/pipeline_overlap.py [--placement trainer|actor --episodes 256 --hidden 48 --layers 1 ...]
 """
@@ -62,11 +63,14 @@ def parse() -> argparse.Namespace:
     p.add_argument("--worker-core", choices=["sim", "decode", "any"], default="any",
                    help="--placement actor: core of the sim worker's process (any: unpinned, like the rest of Ray)")
     p.add_argument("--repeats", type=int, default=2, help="timed rollouts per S (best kept)")
-    p.add_argument("--rounds", type=int, default=16,
+    p.add_argument("--rounds", type=int, default=10,
                    help="rounds of one burst through the fleet and one plain-loop burst in the same processes, back "
                         "to back (their order alternating); the ratio is the median of the rounds' ratios")
-    p.add_argument("--burst", type=int, default=4, help="chunks per slot in each burst of those rounds")
-    return p.parse_args()
+    p.add_argument("--burst", type=int, default=0,
+                   help="chunks per slot in each burst of those rounds (0: one rollout's, max_steps / chunk)")
+    args = p.parse_args()
+    args.burst = args.burst or -(-args.max_steps // args.chunk)
+    return args
 
 
 def pin(pids: list[int], cores: set[int]) -> None:
