@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
+from fleet_drive import step_still  # noqa: E402
 
 from vla_scale.config import ModelConfig  # noqa: E402
 from vla_scale.envs.reach import instructions  # noqa: E402
@@ -140,18 +141,11 @@ def ray_and_driver_pids(sims: list[int]) -> list[int]:
     return own + ray_procs
 
 
-def through_fleet(fleet: SimFleet, stage: np.ndarray, args: argparse.Namespace) -> float:
+def through_fleet(fleet: SimFleet, args: argparse.Namespace) -> float:
     """Env steps/s of one burst through the fleet: every slot steps `--burst` chunks, two requests (one per stage)
     in flight, each sent as soon as the answer before it arrives."""
-    zeros = np.zeros((args.episodes, args.chunk, 7), dtype=np.float32)
-    for s in range(2):
-        fleet.send_step(zeros, stage == s)
-    steps, start = 0, time.perf_counter()
-    for i in range(2 * args.burst):
-        results = fleet.recv()
-        steps += sum(r.steps_taken for r in results if r is not None)
-        if i < 2 * args.burst - 2:
-            fleet.send_step(zeros, stage == i % 2)
+    start = time.perf_counter()
+    steps = step_still(fleet, args.burst, args.chunk)
     return steps / (time.perf_counter() - start)
 
 
@@ -168,21 +162,20 @@ def fleet_and_plain_loop(args: argparse.Namespace) -> tuple[list[float], list[fl
                      in_process=args.placement == "trainer")
     before = os.sched_getaffinity(0)
     try:
-        stage = fleet.stage_of()
         fleet.send_reset(tasks(args.episodes), np.ones(args.episodes, dtype=bool))
         fleet.recv()
         pin_fleet(fleet, args.worker_core)
         pin(ray_and_driver_pids(fleet.pids()), {DECODE_CORE})
         chunk = np.zeros((args.chunk, 7), dtype=np.float32)
-        through_fleet(fleet, stage, args)  # warm-up of both paths
+        through_fleet(fleet, args)  # warm-up of both paths
         fleet.plain_loop_steps_per_s(chunk, 1, timeout_s=120)
         fleets, loops = [], []
         for i in range(args.rounds):  # each pair back to back; the order alternates
             if i % 2 == 0:
-                fleets.append(through_fleet(fleet, stage, args))
+                fleets.append(through_fleet(fleet, args))
             loops.append(fleet.plain_loop_steps_per_s(chunk, args.burst, timeout_s=120))
             if i % 2 == 1:
-                fleets.append(through_fleet(fleet, stage, args))
+                fleets.append(through_fleet(fleet, args))
         return fleets, loops
     finally:
         fleet.close()

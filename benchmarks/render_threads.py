@@ -21,6 +21,7 @@ import time
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 import numpy as np  # noqa: E402
+from fleet_drive import step_still  # noqa: E402
 
 from vla_scale.envs.types import TaskSpec  # noqa: E402
 from vla_scale.parallel.fleet import SimFleet  # noqa: E402
@@ -44,19 +45,11 @@ def measure(args: argparse.Namespace, threads: str) -> tuple[float, float]:
     env_kwargs = {"camera_resolution": args.resolution, "max_steps": 10**9, "max_delta": 0.0}  # never ends
     fleet = SimFleet("reach", env_kwargs, args.episodes, 1, args.sims, timeout_s=120, stages=STAGES)
     try:
-        stage = fleet.stage_of()
         fleet.send_reset([TaskSpec("reach", i % 3, i % 50) for i in range(args.episodes)],
                          np.ones(args.episodes, dtype=bool))
         fleet.recv()
-        zeros = np.zeros((args.episodes, CHUNK, ACTION_DIM), dtype=np.float32)
         cpu_start, start = cpu_seconds(fleet.pids()), time.perf_counter()
-        for s in range(STAGES):
-            fleet.send_step(zeros, stage == s)
-        steps = 0
-        for i in range(STAGES * args.chunks):
-            steps += sum(r.steps_taken for r in fleet.recv() if r is not None)
-            if i < STAGES * (args.chunks - 1):
-                fleet.send_step(zeros, stage == i % STAGES)
+        steps = step_still(fleet, args.chunks, CHUNK, ACTION_DIM)
         wall, cpu = time.perf_counter() - start, cpu_seconds(fleet.pids()) - cpu_start
         return steps / wall, 1000 * cpu / steps
     finally:
