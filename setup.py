@@ -22,6 +22,8 @@ setup(
         "tqdm==4.70.1",
         "ninja==1.13.2",
         "imageio==2.38.1",
+        "pillow==13.0.0",
+        "simplejpeg==1.9.0",
     ],
     extras_require={
         "dev": ["pytest==9.2.0", "pytest-timeout==2.4.0", "ruff==0.17.6"],

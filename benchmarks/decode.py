@@ -41,7 +41,7 @@ from omegaconf import OmegaConf
 
 from vla_scale.algo import logprobs_from_logits
 from vla_scale.config import ModelConfig
-from vla_scale.models import OFTPolicy, Processor, WordTokenizer, build_policy
+from vla_scale.models import OFTPolicy, PretrainedVLA, Processor
 from vla_scale.models.policy import FusedRMSNorm
 from vla_scale.models.processor import PolicyInputs
 from vla_scale.models.vision import ViT
@@ -344,12 +344,12 @@ def main() -> None:
           + ", ".join(f"{k} {v:.0f}" for k, v in report["matmul_tflops_shapes"].items()), flush=True)
 
     cfg = model_config(args.model)
-    tok = WordTokenizer.from_instructions(TEXTS)
-    processor = Processor(cfg, tok)
+    vla = PretrainedVLA.from_config(cfg, TEXTS)
+    processor = vla.processor
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
     with torch.device(DEVICE):
-        policy = build_policy(cfg, tok)
+        policy = vla.new_policy()
     torch.set_default_dtype(torch.float32)
     print(f"{args.model}: {sum(q.numel() for q in policy.parameters()) / 1e9:.3f}B parameters (bf16, random)",
           flush=True)

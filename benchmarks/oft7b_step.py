@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from vla_scale.algo import clipped_policy_loss, logprobs_from_logits
 from vla_scale.config import ModelConfig
-from vla_scale.models import Processor, WordTokenizer, build_policy
+from vla_scale.models import PretrainedVLA
 from vla_scale.rollout.engine import RolloutEngine
 
 TEXTS = ["pick up the black bowl and place it on the plate", "open the top drawer", "put the cream cheese in the bowl"]
@@ -29,11 +29,11 @@ def model_config(name: str) -> ModelConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), yaml))
 
 
-def inputs(cfg: ModelConfig, tok: WordTokenizer, batch: int, device: str):
+def inputs(cfg: ModelConfig, vla: PretrainedVLA, batch: int, device: str):
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (batch, cfg.image_size, cfg.image_size, 3), dtype=np.uint8)
     proprio = rng.uniform(-1, 1, (batch, cfg.proprio_dim)).astype(np.float32)
-    return Processor(cfg, tok).from_arrays(images, [TEXTS[i % 3] for i in range(batch)], proprio).to(device)
+    return vla.processor.from_arrays(images, [TEXTS[i % 3] for i in range(batch)], proprio).to(device)
 
 
 def timed(fn, repeats: int = 3) -> float:
@@ -53,12 +53,12 @@ def main() -> None:
     p.add_argument("--train-batch", type=int, default=8)
     args = p.parse_args()
     cfg = model_config("oft_7b")
-    tok = WordTokenizer.from_instructions(TEXTS)
+    vla = PretrainedVLA.from_config(cfg, TEXTS)
     torch.manual_seed(0)
     start = time.perf_counter()
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
-        policy = build_policy(cfg, tok)
+        policy = vla.new_policy()
     torch.set_default_dtype(torch.float32)
     torch.cuda.synchronize()
     params = sum(p.numel() for p in policy.parameters())
@@ -68,13 +68,13 @@ def main() -> None:
     engine = RolloutEngine(policy, "cuda")  # shares the weights (eval mode, grads off) for this measurement
     print(f"{'what':<18} {'B':>4} {'seconds':>9} {'chunks/s':>9} {'peak GiB':>9}")
     for batch in args.batches:
-        x = inputs(cfg, tok, batch, "cuda")
+        x = inputs(cfg, vla, batch, "cuda")
         torch.cuda.reset_peak_memory_stats()
         with torch.no_grad():
             seconds = timed(lambda x=x: engine.decode(x, temperature=1.6))
         peak = torch.cuda.max_memory_allocated() / 2**30
         print(f"{'decode (sdpa)':<18} {batch:>4} {seconds:>9.3f} {batch / seconds:>9.1f} {peak:>9.1f}")
-    x = inputs(cfg, tok, args.train_batch, "cuda")
+    x = inputs(cfg, vla, args.train_batch, "cuda")
     with torch.no_grad():
         decoded = engine.decode(x, temperature=1.6)
     tokens = torch.from_numpy(decoded.tokens).cuda()

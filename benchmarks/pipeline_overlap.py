@@ -40,7 +40,7 @@ from fleet_drive import step_still  # noqa: E402
 from vla_scale.config import ModelConfig  # noqa: E402
 from vla_scale.envs.reach import instructions  # noqa: E402
 from vla_scale.envs.types import TaskSpec  # noqa: E402
-from vla_scale.models import Processor, WordTokenizer, build_policy  # noqa: E402
+from vla_scale.models import PretrainedVLA  # noqa: E402
 from vla_scale.parallel.fleet import SimFleet, start_ray  # noqa: E402
 from vla_scale.rollout.engine import RolloutEngine  # noqa: E402
 from vla_scale.rollout.env_loop import EnvLoop  # noqa: E402
@@ -112,11 +112,11 @@ def tasks(n: int) -> list[TaskSpec]:
     return [TaskSpec("reach", i % 3, i % 50) for i in range(n)]
 
 
-def rollout_row(args: argparse.Namespace, stages: int, engine: RolloutEngine, processor: Processor) -> dict:
+def rollout_row(args: argparse.Namespace, stages: int, engine: RolloutEngine, vla: PretrainedVLA) -> dict:
     fleet = SimFleet("reach", env_kwargs(args), args.episodes, 1, args.sims, timeout_s=120, stages=stages,
                      in_process=args.placement == "trainer")
     try:
-        loop = EnvLoop(fleet, engine, processor, max_chunks=-(-args.max_steps // args.chunk))
+        loop = EnvLoop(fleet, engine, vla, max_chunks=-(-args.max_steps // args.chunk))
         specs, uids = tasks(args.episodes), [str(i) for i in range(args.episodes)]
         loop.run(specs, uids, 1.0, greedy=True)  # warm-up: renderers, allocator, receiving threads
         pin_fleet(fleet, args.worker_core)
@@ -193,11 +193,10 @@ def main() -> None:
     cfg = ModelConfig(hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_layers=args.layers,
                       num_heads=2, chunk_len=args.chunk, image_size=args.resolution, patch_size=16,
                       vision_dim=args.vision_dim)
-    tokenizer = WordTokenizer.from_instructions(instructions())
+    vla = PretrainedVLA.from_config(cfg, instructions())
     torch.manual_seed(0)
-    engine = RolloutEngine(build_policy(cfg, tokenizer))
-    processor = Processor(cfg, tokenizer)
-    rows = [rollout_row(args, s, engine, processor) for s in (1, 2, 4)]
+    engine = RolloutEngine(vla.policy)
+    rows = [rollout_row(args, s, engine, vla) for s in (1, 2, 4)]
     base = rows[0]["wall"]
     print(f"\nworkload: {args.episodes} episodes x {args.max_steps} env steps, chunk {args.chunk}, "
           f"{args.sims} simulator processes on core {SIM_CORE}, decode on core {DECODE_CORE} "

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
-from vla_scale.models import Processor, WordTokenizer, build_policy
+from vla_scale.models import PretrainedVLA
 from vla_scale.parallel.actor import Actor, init_distributed
 from vla_scale.parallel.weight_sync import gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
@@ -122,13 +122,13 @@ def floor_rates(device: torch.device, world: int) -> tuple[float, float]:
     return full.numel() * 2 / gather_s, 2 * full.numel() * 2 / copy_s
 
 
-def build(cfg: ModelConfig, tok: WordTokenizer, ds: DeepSpeedConfig, device: torch.device):
+def build(vla: PretrainedVLA, ds: DeepSpeedConfig, device: torch.device):
     dtype = torch.bfloat16 if ds.bf16 else torch.float32
     torch.manual_seed(0)
-    actor = Actor(lambda zero3: build_policy(cfg, tok, zero3), ds, AlgoConfig(micro_batches=1, lr=1e-6))
+    actor = Actor(vla.new_policy, ds, AlgoConfig(micro_batches=1, lr=1e-6))
     torch.set_default_dtype(dtype)  # the engine's copy is built in its own dtype, on its own device
     with device:
-        policy = build_policy(cfg, tok)
+        policy = vla.new_policy()
     torch.set_default_dtype(torch.float32)
     return actor, RolloutEngine(policy, device, fast=False, compile=False)
 
@@ -224,11 +224,11 @@ def colocated_memory(actor: Actor, engine: RolloutEngine, bucket_mb: int) -> Non
     actor.reload_states()
 
 
-def micro_batch(cfg: ModelConfig, tok: WordTokenizer, batch: int, seed: int):
+def micro_batch(cfg: ModelConfig, vla: PretrainedVLA, batch: int, seed: int):
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (batch, cfg.image_size, cfg.image_size, 3), dtype=np.uint8)
     proprio = rng.uniform(-1, 1, (batch, cfg.proprio_dim)).astype(np.float32)
-    inputs = Processor(cfg, tok).from_arrays(images, [TEXTS[i % 3] for i in range(batch)], proprio)
+    inputs = vla.processor.from_arrays(images, [TEXTS[i % 3] for i in range(batch)], proprio)
     k = cfg.chunk_len * cfg.action_dim
     tokens = torch.from_numpy(rng.integers(0, cfg.n_bins, (batch, k)))
     advantages = torch.from_numpy(rng.choice([-1.0, 1.0], batch).astype(np.float32))
@@ -241,10 +241,10 @@ def matmul_rate(device: torch.device) -> float:
     return 2 * 8192**3 / seconds
 
 
-def mfu(actor: Actor, engine: RolloutEngine, cfg: ModelConfig, tok: WordTokenizer, batch: int) -> None:
+def mfu(actor: Actor, engine: RolloutEngine, cfg: ModelConfig, vla: PretrainedVLA, batch: int) -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
-    mb = micro_batch(cfg, tok, batch, dist.get_rank())
+    mb = micro_batch(cfg, vla, batch, dist.get_rank())
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         engine.policy(mb[0].to(engine.device))
     flops = 3 * counter.get_total_flops()  # forward + backward (twice the forward)
@@ -274,14 +274,15 @@ def main() -> None:
     args = p.parse_args()
     rank, world = init_distributed()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    cfg, tok = model_config(args.model), WordTokenizer.from_instructions(TEXTS)
+    cfg = model_config(args.model)
+    vla = PretrainedVLA.from_config(cfg, TEXTS)
     start = time.perf_counter()
     ds = DeepSpeedConfig(zero_stage=3, bf16=device.type == "cuda")
     for item in args.ds:
         key, value = item.split("=", 1)
         setattr(ds, key, type(getattr(ds, key))(float(value)) if value[0].isdigit() else value == "true")
     say(f"deepspeed: {ds}")
-    actor, engine = build(cfg, tok, ds, device)
+    actor, engine = build(vla, ds, device)
     params = sum(p.numel() for p in engine.policy.parameters())
     nbytes = sum(p.numel() * p.element_size() for p in engine.policy.parameters())
     dtype = next(engine.policy.parameters()).dtype
@@ -296,7 +297,7 @@ def main() -> None:
     verified_floor_s = floor_s + verify_bytes / copy_bw
     say(f"verified floor: + ({2 * nbytes / 1e9:.2f} + {2 * nbytes / world / 1e9:.2f}) GB read / "
         f"{copy_bw / 1e9:.0f} = {verified_floor_s:.3f} s")
-    actor.update([micro_batch(cfg, tok, 2, rank)])  # optimizer state exists from here on
+    actor.update([micro_batch(cfg, vla, 2, rank)])  # optimizer state exists from here on
     gather_check(actor, args.buckets[-1])
     rows = bucket_table(actor, engine, args.buckets, floor_s, verified_floor_s, args.repeats)
     verify_parts(engine, args.buckets[-1])
@@ -304,7 +305,7 @@ def main() -> None:
         colocated_memory(actor, engine, min(rows, key=lambda r: r[1])[0])
     for batch in args.mfu_batch:
         try:
-            mfu(actor, engine, cfg, tok, batch)
+            mfu(actor, engine, cfg, vla, batch)
         except torch.OutOfMemoryError:
             say(f"{batch:>13} out of GPU memory (no larger batch tried)")
             break

@@ -93,17 +93,19 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     from vla_scale.envs.registry import env_kwargs, suite_instructions
     from vla_scale.envs.types import TaskSpec
     from vla_scale.logging import RunLogger, progress
-    from vla_scale.models import Processor, WordTokenizer, build_policy
+    from vla_scale.models import PretrainedVLA
     from vla_scale.parallel.fleet import SimFleet, start_ray
     from vla_scale.rollout.engine import RolloutEngine
     from vla_scale.rollout.env_loop import EnvLoop
+    from vla_scale.trainer import resolved_config
 
+    vla = PretrainedVLA.for_env(cfg.model, cfg.env)  # checked against the env before anything starts
+    cfg = resolved_config(cfg, vla)
     e = cfg.env
     instructions = suite_instructions(e.name, e.suite)
-    tokenizer = WordTokenizer.from_instructions(instructions)
     torch.manual_seed(cfg.seed)
-    policy = build_policy(cfg.model, tokenizer)
-    source = "a freshly initialised policy (smoke run)"
+    policy = vla.policy
+    source = f"{vla.source} (smoke run)" if not cfg.model.checkpoint else vla.source
     if checkpoint_path:
         weights = weights_file(checkpoint_path)
         missing, unexpected = policy.load_state_dict(load_file(weights), strict=False)
@@ -112,8 +114,6 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
             raise ValueError(f"{weights} does not fit model={cfg.model.name}: missing {missing[:5]}, unexpected "
                              f"{unexpected[:5]}; pass the model overrides the run trained with")
         source = weights
-    elif cfg.model.checkpoint:
-        source = cfg.model.checkpoint
     engine = RolloutEngine(policy, "cuda" if torch.cuda.is_available() else "cpu", seed=cfg.seed)
     specs = [TaskSpec(e.suite, task, state) for task in range(e.num_tasks) for state in init_state_ids(e, "eval")]
     log = RunLogger(run_dir)
@@ -123,7 +123,7 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     size = e.num_workers * e.sims_per_worker * stages
     fleet = SimFleet(e.name, env_kwargs(e), size, e.num_workers, e.sims_per_worker, e.step_timeout_s, stages=stages,
                      max_failures=e.max_failures, in_process=e.sim_workers_in_trainer)
-    loop = EnvLoop(fleet, engine, Processor(cfg.model, tokenizer), math.ceil(e.max_steps / cfg.model.chunk_len))
+    loop = EnvLoop(fleet, engine, vla, math.ceil(e.max_steps / cfg.model.chunk_len))
     results: dict[int, list[bool]] = {task: [] for task in range(e.num_tasks)}
     trajs = []
     bar = progress(len(specs), 0, cfg.progress, f"eval {e.suite}")
@@ -160,13 +160,15 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(dict_cfg: DictConfig) -> float:
     cfg = to_config(dict_cfg)
+    if not any(arg.startswith(("env.libero_scenes=", "++env.libero_scenes=")) for arg in sys.argv[1:]):
+        cfg.env.libero_scenes = "official"  # the scenes published success rates were measured on
+    run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
     try:
         validate(cfg)
+        os.makedirs(run_dir, exist_ok=True)
+        return evaluate(cfg, run_dir, CHECKPOINT)
     except ConfigError as err:
         sys.exit(f"error: {err}")
-    run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
-    os.makedirs(run_dir, exist_ok=True)
-    return evaluate(cfg, run_dir, CHECKPOINT)
 
 
 if __name__ == "__main__":

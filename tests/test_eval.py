@@ -47,7 +47,7 @@ def test_smoke_run_writes_tables_videos_and_the_last_line(tmp_path: Path) -> Non
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("eval: suite=reach episodes=6 success_rate="), last
     rate = float(last.rsplit("=", 1)[1])
-    assert "freshly initialised policy" in proc.stdout
+    assert "a fresh model=tiny (smoke run)" in proc.stdout
     with open(tmp_path / "eval_reach.csv") as f:
         rows = list(csv.reader(f))
     assert rows[0] == ["task", "instruction", "episodes", "successes", "success_rate"]

@@ -54,8 +54,9 @@ class ModelConfig:
     ordinal_bin_init: float = 0.0
     """Scale of a smooth, order-aware component added to the action-bin rows of the LM head at init (0: off);
     helps small policies trained from scratch, see OFTPolicy._init_ordinal_bins."""
-    max_text_len: int = 24
-    """Instruction tokens after padding (prompt included); longer prompts are an error."""
+    max_text_len: int = 0
+    """Prompt tokens after padding (BOS and prompt included); 0 sizes it to the suite's longest prompt, a longer
+    prompt than a set value is an error before anything starts."""
     pad_to_multiple_of: int = 64
     """The vocabulary (text + action bins) is padded to a multiple of this."""
     vocab_size: int = 0
@@ -65,12 +66,21 @@ class ModelConfig:
     vision_dim, vision_layers, patch_size and num_heads."""
     attention: str = "bidirectional"
     """Attention of the Llama backbone over the whole sequence: bidirectional (official OFT) or causal."""
-    center_crop: bool = False
-    """Crop the centre 90% of each image's area and resize back, for checkpoints trained with random crops."""
+    center_crop: bool | None = None
+    """Crop the centre 90% of each image's area and resize back, for checkpoints trained with random crops (null:
+    a checkpoint's own setting, true for official ones as their evaluation does; false for a fresh policy)."""
+    num_images: int = 1
+    """Camera images per example, in the env's camera order (primary first); a checkpoint says its own (OFT LIBERO:
+    2, third-person + wrist)."""
+    image_resize: str = "bicubic"
+    """How camera images are resized to image_size: bicubic (torch, antialiased) or jpeg_lanczos3 (the official
+    OpenVLA-OFT evaluation's JPEG round trip + Lanczos-3; checkpoints use it)."""
     checkpoint: str = ""
-    """Folder of an OpenVLA-OFT checkpoint to load (config.json, model.safetensors, ...); '' starts from random."""
+    """Folder of an OpenVLA-OFT checkpoint to load (config.json, model.safetensors, tokenizer files, ...); '' starts
+    from random weights with a word-level tokenizer built from the suite's instructions."""
     unnorm_key: str = ""
-    """Dataset of the checkpoint's norm_stats that normalises proprio and un-normalises actions ('': the only one)."""
+    """Dataset of the checkpoint's norm_stats that normalises proprio and un-normalises actions ('': the only one;
+    a checkpoint with several needs it named, e.g. libero_spatial_no_noops)."""
 
 
 @dataclass

@@ -44,8 +44,9 @@ class RunLogger:
                        ) -> list[str]:
         """The first `per_task` episodes of every task as MP4 files in `folder` and GIFs in TensorBoard.
 
-        An episode is anything with `.task` (a TaskSpec), `.images` (the frames the policy saw, one per chunk) and
-        `.success`, e.g. a rollout Trajectory. Returns the written paths (none on ranks other than 0).
+        An episode is anything with `.task` (a TaskSpec), `.images` (the frames the policy saw, one per chunk;
+        [cameras, H, W, 3] frames show the first camera) and `.success`, e.g. a rollout Trajectory. Returns the
+        written paths (none on ranks other than 0).
         """
         if self.writer is None or per_task < 1:
             return []
@@ -58,6 +59,8 @@ class RunLogger:
                 continue
             counts[task] = k + 1
             frames = np.stack(episode.images)
+            if frames.ndim == 5:  # several cameras per step: the primary one
+                frames = frames[:, 0]
             name = f"task_{task}_init_{episode.task.init_state_id}_{'success' if episode.success else 'failure'}"
             paths.append(write_video(os.path.join(folder, name), frames, fps))
             self.video(f"video/task_{task}/{k}", frames, step, fps)

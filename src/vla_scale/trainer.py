@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -23,10 +23,10 @@ import torch.distributed as dist
 from vla_scale import checkpoint
 from vla_scale.algo import group_advantages, group_success_filter
 from vla_scale.config import Config, as_yaml, validate
-from vla_scale.envs.registry import env_kwargs, suite_instructions
+from vla_scale.envs.registry import env_kwargs
 from vla_scale.envs.types import TaskSpec
 from vla_scale.logging import RunLogger, progress
-from vla_scale.models import Processor, WordTokenizer, build_policy
+from vla_scale.models import PretrainedVLA
 from vla_scale.models.policy import PolicyInputs
 from vla_scale.parallel.actor import Actor, init_distributed
 from vla_scale.parallel.fleet import SimFleet, sim_node_count, start_ray
@@ -46,27 +46,35 @@ class StepBatch:
     episodes: int
 
 
+def resolved_config(cfg: Config, vla: PretrainedVLA) -> Config:
+    """`cfg` with what the policy decides filled in: a checkpoint's architecture, the prompt budget, the env's
+    camera resolution (0: the policy pipeline's). The run logs and saves this one."""
+    env = replace(cfg.env, camera_resolution=vla.camera_resolution(cfg.env))
+    return replace(cfg, model=vla.model_config(cfg.model), env=env)
+
+
 class Trainer:
     def __init__(self, cfg: Config, run_dir: str):
         self.rank, self.world = init_distributed()
-        self.cfg = validate(cfg, self.world)
+        validate(cfg, self.world)
+        # policy, tokenizer, processor and action post-processing from one source, checked against the env
+        self.vla = PretrainedVLA.for_env(cfg.model, cfg.env)
+        self.cfg = cfg = resolved_config(cfg, self.vla)
         self.run_dir = run_dir
         self.max_chunks = -(-cfg.env.max_steps // cfg.model.chunk_len)
         self.log = RunLogger(run_dir, self.rank)
-        self.tokenizer = WordTokenizer.from_instructions(suite_instructions(cfg.env.name, cfg.env.suite))
-        self.processor = Processor(cfg.model, self.tokenizer)
+        self.tokenizer, self.processor = self.vla.tokenizer, self.vla.processor
         torch.manual_seed(cfg.seed)
-        self.actor = Actor(lambda zero3: build_policy(cfg.model, self.tokenizer, zero3), cfg.deepspeed, cfg.algo)
+        self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.algo)
         device = self.actor.device
         engine_dtype = torch.bfloat16 if cfg.deepspeed.bf16 else None  # the engine holds what the actor holds
-        self.engine = RolloutEngine(build_policy(cfg.model, self.tokenizer), device, seed=cfg.seed * 1000 + self.rank,
-                                    dtype=engine_dtype)
+        self.engine = RolloutEngine(self.vla.policy, device, seed=cfg.seed * 1000 + self.rank, dtype=engine_dtype)
         self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
         self.step, self.version = 0, 0
         self.groups = cfg.algo.batch_size // self.world  # groups this rank rolls out per step
         self._start_ray()
         self.fleet = self._start_fleet()
-        self.loop = EnvLoop(self.fleet, self.engine, self.processor, self.max_chunks)
+        self.loop = EnvLoop(self.fleet, self.engine, self.vla, self.max_chunks)
         self.next_specs: list[TaskSpec] | None = None
         self.events: deque[tuple[str, float]] = deque(maxlen=64)  # (what, when): the recent reset/update overlap
 
@@ -204,7 +212,7 @@ class Trainer:
     def _micro_batch(self, rows: list[tuple[Trajectory, int, float]]):
         images = np.stack([t.images[k] for t, k, _ in rows])
         proprio = np.stack([t.proprio[k] for t, k, _ in rows])
-        inputs: PolicyInputs = self.processor.from_arrays(images, [t.instruction for t, _, _ in rows], proprio)
+        inputs: PolicyInputs = self.processor.from_prepared(images, [t.instruction for t, _, _ in rows], proprio)
         tokens = torch.from_numpy(np.stack([t.tokens[k] for t, k, _ in rows]))
         old = torch.from_numpy(np.stack([t.logprobs[k] for t, k, _ in rows]))
         return inputs, tokens, old, torch.tensor([a for _, _, a in rows], dtype=torch.float32)

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from vla_scale.config import ModelConfig
+from vla_scale.config import ConfigError, EnvConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
-from vla_scale.models import Processor, WordTokenizer, build_policy
+from vla_scale.models import PretrainedVLA, Processor, WordTokenizer, build_policy
 from vla_scale.rollout.engine import RolloutEngine
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
@@ -109,10 +109,14 @@ def test_engine_rejects_unknown_or_misshaped_weights():
         engine.update_weights_from_tensor([("vision_backbone.featurizer.pos_embed", torch.zeros(1))], 1)
 
 
-def test_a_mismatched_checkpoint_is_refused(tmp_path):
+def test_a_checkpoint_decides_its_architecture_and_must_fit_the_env(tmp_path):
+    """With model.checkpoint the folder's config wins over the model group's sizes; a policy whose proprio or actions
+    do not fit the env is refused before anything starts, naming the key."""
     tok = WordTokenizer.from_instructions(instructions())
-    build_policy(CFG, tok).save_pretrained(str(tmp_path))
-    with pytest.raises(ValueError, match="model.chunk_len=8 but the checkpoint has 4"):
-        build_policy(ModelConfig(**{**vars(CFG), "chunk_len": 8, "checkpoint": str(tmp_path)}), tok)
-    loaded = build_policy(ModelConfig(**{**vars(CFG), "checkpoint": str(tmp_path)}), tok)
+    build_policy(CFG, tok).save_pretrained(str(tmp_path / "reach"))
+    loaded = build_policy(ModelConfig(**{**vars(CFG), "chunk_len": 8, "checkpoint": str(tmp_path / "reach")}), tok)
     assert loaded.num_action_tokens == CFG.chunk_len * CFG.action_dim
+    PretrainedVLA.from_config(ModelConfig(**{**vars(CFG), "proprio_dim": 8}), instructions()).save_pretrained(
+        str(tmp_path / "libero"))
+    with pytest.raises(ConfigError, match="model.proprio_dim=4"):
+        PretrainedVLA.for_env(ModelConfig(checkpoint=str(tmp_path / "libero")), EnvConfig())

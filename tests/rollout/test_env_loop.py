@@ -11,7 +11,7 @@ import torch
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import TaskSpec
-from vla_scale.models import Processor, WordTokenizer, build_policy
+from vla_scale.models import PretrainedVLA
 from vla_scale.parallel.fleet import SimFleet, start_ray
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop
@@ -31,11 +31,11 @@ def ray_session():
 def setup(ray_session, request):
     fleet = SimFleet("reach", {"camera_resolution": 32, "max_steps": 12}, size=4, num_workers=2,
                      sims_per_worker=2, timeout_s=60, in_process=request.param == "trainer")
-    tok = WordTokenizer.from_instructions(instructions())
+    vla = PretrainedVLA.from_config(CFG, instructions())
     torch.manual_seed(0)
-    engine = RolloutEngine(build_policy(CFG, tok), seed=0)
+    engine = RolloutEngine(vla.policy, seed=0)
     engine.version = 5
-    yield fleet, engine, Processor(CFG, tok)
+    yield fleet, engine, vla
     fleet.close()
 
 
@@ -67,7 +67,7 @@ def test_episodes_come_back_in_order_with_uids_and_versions(setup):
     for t in trajs:
         assert 1 <= len(t) <= 3 and set(t.versions) == {5}
         assert t.success or t.env_steps == 12
-        assert t.tokens[0].shape == (CFG.chunk_len * CFG.action_dim,) and t.images[0].shape == (32, 32, 3)
+        assert t.tokens[0].shape == (CFG.chunk_len * CFG.action_dim,) and t.images[0].shape == (1, 32, 32, 3)
 
 
 def test_greedy_rollouts_repeat_exactly(setup):

@@ -20,7 +20,7 @@ from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.sim_process import SimulatorError
 from vla_scale.envs.types import TaskSpec
-from vla_scale.models import Processor, WordTokenizer, build_policy
+from vla_scale.models import PretrainedVLA
 from vla_scale.parallel.fleet import SimFleet, SimWorker, start_ray
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop
@@ -32,9 +32,9 @@ CFG = ModelConfig(image_size=32, patch_size=16, vision_dim=32, hidden_size=32, n
 @pytest.fixture(scope="module")
 def parts():
     start_ray(num_cpus=2)
-    tok = WordTokenizer.from_instructions(instructions())
+    vla = PretrainedVLA.from_config(CFG, instructions())
     torch.manual_seed(0)
-    yield RolloutEngine(build_policy(CFG, tok), seed=0), Processor(CFG, tok)
+    yield RolloutEngine(vla.policy, seed=0), vla
     ray.shutdown()
 
 

@@ -2,15 +2,20 @@
 
 from vla_scale.models.actions import ActionTokenizer, DatasetStats
 from vla_scale.models.policy import OFTPolicy, build_policy
+from vla_scale.models.pretrained import CheckpointError, Prediction, PretrainedVLA
 from vla_scale.models.processor import ImageTransform, PolicyInputs, Processor
-from vla_scale.models.tokenizer import TextTokenizer, WordTokenizer
+from vla_scale.models.tokenizer import HFTokenizer, TextTokenizer, WordTokenizer
 
 __all__ = [
     "ActionTokenizer",
+    "CheckpointError",
     "DatasetStats",
+    "HFTokenizer",
     "ImageTransform",
     "OFTPolicy",
     "PolicyInputs",
+    "Prediction",
+    "PretrainedVLA",
     "Processor",
     "TextTokenizer",
     "WordTokenizer",

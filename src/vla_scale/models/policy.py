@@ -198,9 +198,10 @@ class OFTPolicy(nn.Module):
 
     def image_transform(self) -> ImageTransform:
         """The image preprocessing this policy expects (the checkpoint's, else its towers')."""
+        spec = self.spec
         if self.preprocessor is not None:
-            return ImageTransform.from_preprocessor_config(self.preprocessor, self.spec.center_crop)
-        return ImageTransform.from_towers(self.spec.towers, self.spec.center_crop)
+            return ImageTransform.from_preprocessor_config(self.preprocessor, spec.center_crop, spec.image_resize)
+        return ImageTransform.from_towers(spec.towers, spec.center_crop, spec.image_resize)
 
     # ---- forward ----------------------------------------------------------------------------------------------------
     def prefix_embeddings(self, pixel_values: Tensor, proprio: Tensor | None, vision: Callable[[Tensor], Tensor]
@@ -208,7 +209,7 @@ class OFTPolicy(nn.Module):
         """Projected image patches, then the proprio token when there is one (`vision`: the towers to run)."""
         dtype = self.projector.fc1.weight.dtype
         prefix = self.projector(vision(pixel_values.to(dtype)))
-        if proprio is not None and self.proprio_projector is not None:
+        if proprio is not None and self.proprio_projector is not None and self.spec.use_proprio:
             token = self.proprio_projector(proprio.reshape(prefix.shape[0], -1).to(dtype))
             prefix = torch.cat([prefix, token.unsqueeze(1)], dim=1)
         return prefix
@@ -297,24 +298,13 @@ class OFTPolicy(nn.Module):
         return stats.normalize_proprio(np.asarray(raw, dtype=np.float64))
 
 
-def build_policy(cfg: ModelConfig, tokenizer: TextTokenizer, zero3_init: bool = False) -> OFTPolicy:
-    """The policy `cfg` describes: loaded from `cfg.checkpoint`, else freshly initialised for this tokenizer (seed
-    the RNG first for a reproducible init). `zero3_init`: the caller builds it inside `deepspeed.zero.Init`."""
+def build_policy(cfg: ModelConfig, tokenizer: TextTokenizer, zero3_init: bool = False, **overrides: Any
+                 ) -> OFTPolicy:
+    """The policy `cfg` describes: loaded from `cfg.checkpoint` (whose config decides the architecture; `overrides`
+    replace spec fields, e.g. unnorm_key), else freshly initialised for this tokenizer (seed the RNG first for a
+    reproducible init). `zero3_init`: the caller builds it inside `deepspeed.zero.Init`. `PretrainedVLA` builds
+    policies through this and pairs them with their tokenizer and processor."""
     if cfg.checkpoint:
-        overrides = {"attention": cfg.attention, "center_crop": cfg.center_crop}
-        if cfg.unnorm_key:
-            overrides["unnorm_key"] = cfg.unnorm_key
-        policy = OFTPolicy.from_pretrained(cfg.checkpoint, zero3_init=zero3_init, **overrides)
-        _check_matches(cfg, policy.model_config)
-        return policy
+        return OFTPolicy.from_pretrained(cfg.checkpoint, zero3_init=zero3_init, **overrides)
     config = config_from_model_config(cfg, tokenizer.vocab_size, tokenizer.eos_id)
     return OFTPolicy(spec_from_openvla(config, proprio_dim=cfg.proprio_dim if cfg.use_proprio else None), zero3_init)
-
-
-def _check_matches(cfg: ModelConfig, loaded: ModelConfig) -> None:
-    """The trainer sizes episodes and inputs from `cfg`: refuse a checkpoint that decodes something else."""
-    keys = ("chunk_len", "action_dim", "n_bins", "use_proprio", "proprio_dim")
-    wrong = [f"model.{k}={getattr(cfg, k)} but the checkpoint has {getattr(loaded, k)}" for k in keys
-             if getattr(cfg, k) != getattr(loaded, k)]
-    if wrong:
-        raise ValueError(f"model.checkpoint={cfg.checkpoint!r} does not match the model config: " + "; ".join(wrong))

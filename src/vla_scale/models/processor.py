@@ -9,9 +9,10 @@ Optional 0.9-area centre crop (OFT's `center_crop_image`, for checkpoints traine
 `crop_and_resize` of the centre box of side sqrt(0.9), bilinear, back to the same size, on [0, 1] floats, converted
 back to uint8 as TensorFlow does (x * 255.5, truncated). Reproduced here in torch, so no TensorFlow is needed.
 
-Resizing (only when the camera image is not the tower's size) uses torch's antialiased bicubic, a close stand-in for
-PIL's bicubic (the official LIBERO scripts resize with TensorFlow's Lanczos before this); render cameras at the
-model's resolution to skip it.
+Resizing (only when the camera image is not the tower's size): `jpeg_lanczos3` is the official OpenVLA-OFT
+evaluation's (a JPEG round trip, then TensorFlow's Lanczos-3 with antialias, reimplemented in
+`models/image_resize.py`), what official checkpoints expect: their LIBERO evaluation renders at 256 and resizes to 224
+this way before the crop. `bicubic` is torch's antialiased bicubic, for policies of our own.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from vla_scale.config import ModelConfig
 from vla_scale.envs.types import Observation
 from vla_scale.models.actions import DatasetStats
 from vla_scale.models.spec import tower_specs
-from vla_scale.models.tokenizer import PROMPT, TextTokenizer
+from vla_scale.models.tokenizer import TextTokenizer, pad_rows, prompt_text
 from vla_scale.models.vision import ViTSpec
 
 
@@ -59,22 +60,25 @@ class ImageTransform:
     stds: tuple[tuple[float, ...], ...]
     center_crop: bool = False
     crop_area: float = 0.9
+    resize: str = "bicubic"  # or "jpeg_lanczos3" (module docstring)
 
     @classmethod
     def for_model(cls, cfg: ModelConfig) -> ImageTransform:
         """From the checkpoint's preprocessor_config.json when `cfg.checkpoint` has one, else from the towers."""
         path = os.path.join(cfg.checkpoint, "preprocessor_config.json") if cfg.checkpoint else ""
+        crop = bool(cfg.center_crop)
         if path and os.path.exists(path):
             with open(path) as f:
-                return cls.from_preprocessor_config(json.load(f), cfg.center_crop)
-        return cls.from_towers(tower_specs(cfg), cfg.center_crop)
+                return cls.from_preprocessor_config(json.load(f), crop, cfg.image_resize)
+        return cls.from_towers(tower_specs(cfg), crop, cfg.image_resize)
 
     @classmethod
-    def from_towers(cls, towers: list[ViTSpec], center_crop: bool) -> ImageTransform:
-        return cls(towers[0].image_size, tuple(t.mean for t in towers), tuple(t.std for t in towers), center_crop)
+    def from_towers(cls, towers: list[ViTSpec], center_crop: bool, resize: str = "bicubic") -> ImageTransform:
+        return cls(towers[0].image_size, tuple(t.mean for t in towers), tuple(t.std for t in towers), center_crop,
+                   resize=resize)
 
     @classmethod
-    def from_preprocessor_config(cls, pre: dict, center_crop: bool) -> ImageTransform:
+    def from_preprocessor_config(cls, pre: dict, center_crop: bool, resize: str = "bicubic") -> ImageTransform:
         """From an official preprocessor_config.json (the float32 values its Normalize used, when listed)."""
         if pre.get("image_resize_strategy", "resize-naive") != "resize-naive":
             raise ValueError(f"image_resize_strategy {pre['image_resize_strategy']!r} is not supported "
@@ -82,21 +86,43 @@ class ImageTransform:
         norms = pre.get("tvf_normalize_params") or [{"mean": m, "std": s} for m, s in zip(pre["means"], pre["stds"],
                                                                                           strict=True)]
         return cls(int(pre["input_sizes"][0][-1]), tuple(tuple(n["mean"]) for n in norms),
-                   tuple(tuple(n["std"]) for n in norms), center_crop)
+                   tuple(tuple(n["std"]) for n in norms), center_crop, resize=resize)
 
     def __call__(self, images: np.ndarray) -> Tensor:
+        return self.normalize(self.prepare(images))
+
+    def prepare(self, images: np.ndarray) -> np.ndarray:
+        """Camera images uint8 [B, N, H, W, 3] -> the images the towers see, uint8 [B, N, S, S, 3] (resized to the
+        towers' size, centre-cropped where the policy wants it). Rollouts record these, so the update normalises
+        exactly the pixels the rollout decoded on without resizing again."""
         batch, n, h, w, _ = images.shape
+        size = self.image_size
+        if (h, w) != (size, size) and self.resize == "jpeg_lanczos3":
+            from vla_scale.models.image_resize import official_libero_resize
+
+            flat = images.reshape(batch * n, h, w, 3)
+            images = np.stack([official_libero_resize(im, size) for im in flat]).reshape(batch, n, size, size, 3)
+            h = w = size
+        if (h, w) == (size, size) and not self.center_crop:
+            return np.ascontiguousarray(images)
         x = torch.from_numpy(np.ascontiguousarray(images)).reshape(batch * n, h, w, 3).permute(0, 3, 1, 2)
-        if (h, w) != (self.image_size, self.image_size):
-            x = resize_uint8(x, self.image_size)
+        if (h, w) != (size, size):
+            x = resize_uint8(x, size)
         if self.center_crop:
             x = centre_crop_uint8(x, self.crop_area)
-        channels = x.contiguous().numpy()
+        return x.permute(0, 2, 3, 1).reshape(batch, n, size, size, 3).contiguous().numpy()
+
+    def normalize(self, images: np.ndarray) -> Tensor:
+        """Prepared images uint8 [B, N, S, S, 3] -> pixel_values float32 [B, N * 3 * towers, S, S]."""
+        batch, n, h, w, _ = images.shape
+        if (h, w) != (self.image_size, self.image_size):
+            raise ValueError(f"prepared images must be {self.image_size}x{self.image_size}, got {h}x{w}")
+        channels = np.ascontiguousarray(images.reshape(batch * n, h, w, 3).transpose(0, 3, 1, 2))
         table = self._table()
-        pixels = np.empty((batch * n, len(table), self.image_size, self.image_size), dtype=np.float32)
+        pixels = np.empty((batch * n, len(table), h, w), dtype=np.float32)
         for k, row in enumerate(table):
             np.take(row, channels[:, k % 3], out=pixels[:, k])
-        return torch.from_numpy(pixels).reshape(batch, n * len(table), self.image_size, self.image_size)
+        return torch.from_numpy(pixels).reshape(batch, n * len(table), h, w)
 
     def _table(self) -> np.ndarray:
         """float32[3 * towers, 256]: the normalised value of every uint8 level, per output channel.
@@ -168,10 +194,14 @@ class Processor:
 
     `stats`: the dataset statistics that normalise proprio (official checkpoints); None passes proprio through.
     `cameras`: the observation images fed to the policy, in order (the first is the primary view).
+    `max_text_len`: prompt tokens after padding (None: `cfg.max_text_len`); every batch pads to it, so a row's
+    input does not depend on the rest of its batch. 0 pads each batch to its longest prompt (for one-off
+    predictions; rollouts and updates use a fixed budget, `PretrainedVLA.for_env` sizes it from the suite).
     """
 
     def __init__(self, cfg: ModelConfig, tokenizer: TextTokenizer, camera: str | tuple[str, ...] = "agentview",
-                 stats: DatasetStats | None = None, transform: ImageTransform | None = None):
+                 stats: DatasetStats | None = None, transform: ImageTransform | None = None,
+                 max_text_len: int | None = None):
         if stats is None and cfg.checkpoint:
             from vla_scale.models.checkpoint_io import read_dataset_stats
 
@@ -179,39 +209,55 @@ class Processor:
         self.cfg, self.tokenizer, self.stats = cfg, tokenizer, stats
         self.cameras = (camera,) if isinstance(camera, str) else tuple(camera)
         self.transform = transform or ImageTransform.for_model(cfg)
-        self._encoded: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # instruction -> ids and mask rows
+        self.max_text_len = cfg.max_text_len if max_text_len is None else max_text_len
+        self._ids: dict[str, list[int]] = {}  # instruction -> prompt ids (rollouts repeat a few instructions)
 
     @classmethod
     def for_policy(cls, policy: Any, tokenizer: TextTokenizer, camera: str | tuple[str, ...] = "agentview",
-                   unnorm_key: str | None = None) -> Processor:
+                   unnorm_key: str | None = None, max_text_len: int | None = None) -> Processor:
         """The processor a loaded `OFTPolicy` expects: its towers' preprocessing, its proprio statistics."""
-        return cls(policy.model_config, tokenizer, camera, policy.dataset_stats(unnorm_key), policy.image_transform())
+        return cls(policy.model_config, tokenizer, camera, policy.dataset_stats(unnorm_key), policy.image_transform(),
+                   max_text_len)
 
     def __call__(self, observations: list[Observation]) -> PolicyInputs:
-        images = np.stack([np.stack([o.images[c] for o in observations]) for c in self.cameras], axis=1)
+        images, proprio = self.prepare(observations)
+        return self.from_prepared(images, [o.instruction for o in observations], proprio)
+
+    def prepare(self, observations: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
+        """The images as the towers see them, uint8 [B, N, S, S, 3] (cameras in order), and the raw proprio [B, d]:
+        what a rollout records, so that `from_prepared` gives the update the rollout's exact inputs."""
+        missing = [c for c in self.cameras if observations and c not in observations[0].images]
+        if missing:
+            raise ValueError(f"the policy takes cameras {list(self.cameras)}; the observations have "
+                             f"{sorted(observations[0].images)}")
+        images = np.stack([np.stack([o.images[c] for c in self.cameras]) for o in observations])
         proprio = np.stack([o.proprio for o in observations])
-        return self.from_arrays(images, [o.instruction for o in observations], proprio)
+        return self.transform.prepare(images), proprio
 
     def from_arrays(self, images: np.ndarray, instructions: list[str], proprio: np.ndarray) -> PolicyInputs:
-        """images uint8 [B, H, W, 3] or [B, N, H, W, 3]; proprio raw [B, d]."""
+        """Camera images uint8 [B, H, W, 3] or [B, N, H, W, 3]; proprio raw [B, d]."""
         if images.ndim == 4:
             images = images[:, None]
-        pixels = self.transform(images)
+        return self.from_prepared(self.transform.prepare(images), instructions, proprio)
+
+    def from_prepared(self, images: np.ndarray, instructions: list[str], proprio: np.ndarray) -> PolicyInputs:
+        """Prepared images uint8 [B, N, S, S, 3] (`prepare`); proprio raw [B, d]."""
+        pixels = self.transform.normalize(images)
         if self.stats is not None:
             proprio = self.stats.normalize_proprio(proprio)
         ids, mask = self._encode(instructions)
         proprio_t = torch.from_numpy(np.asarray(proprio, dtype=np.float32))
         return PolicyInputs(pixels, torch.from_numpy(ids), torch.from_numpy(mask), proprio_t)
 
+    def prompt_ids(self, instruction: str) -> list[int]:
+        """The ids of the instruction's official prompt (BOS first), each instruction tokenised once."""
+        ids = self._ids.get(instruction)
+        if ids is None:
+            ids = self._ids[instruction] = self.tokenizer.prompt_ids(prompt_text(instruction))
+        return ids
+
     def _encode(self, instructions: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Token ids and mask [B, max_text_len]; each distinct instruction is tokenised once (a row does not depend
-        on the rest of the batch, and rollouts repeat a few instructions)."""
-        new = [text for text in dict.fromkeys(instructions) if text not in self._encoded]
-        if new:
-            prompts = [PROMPT.format(instruction=text.lower()) for text in new]
-            ids, mask = self.tokenizer.encode(prompts, self.cfg.max_text_len)
-            self._encoded.update((text, (i, m)) for text, i, m in zip(new, ids, mask, strict=True))
-        if not instructions:
-            return self.tokenizer.encode([], self.cfg.max_text_len)
-        rows = [self._encoded[text] for text in instructions]
-        return np.stack([i for i, _ in rows]), np.stack([m for _, m in rows])
+        """Token ids and mask [B, max_text_len], right-padded."""
+        rows = [self.prompt_ids(text) for text in instructions]
+        budget = self.max_text_len or max((len(r) for r in rows), default=1)
+        return pad_rows(rows, budget, self.tokenizer.pad_id, instructions)

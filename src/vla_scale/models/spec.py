@@ -10,9 +10,10 @@ config, never from a literal in the model code:
     OpenVLAConfig does when absent).
   * Llama: `text_config`, with the transformers 4.40.1 `LlamaConfig` defaults (what the official code ran with) for
     every field the file leaves out.
-  * chunk length, action and proprio size, normalisation: not config fields in the official code, which picks them
-    per robot platform from the command line. We read them from our own `vla_scale` section when present, else from
-    the platform the dataset names in `norm_stats` point to (LIBERO, ALOHA, BRIDGE), else they must be given.
+  * chunk length, action and proprio size, normalisation, the number of camera images and the image pipeline: not
+    config fields in the official code, which picks them per robot platform from the command line. We read them from
+    our own `vla_scale` section when present, else from the platform the dataset names in `norm_stats` point to
+    (LIBERO, ALOHA, BRIDGE), else they must be given.
 """
 
 from __future__ import annotations
@@ -34,11 +35,26 @@ LLAMA_DEFAULTS: dict[str, Any] = {
 """transformers 4.40.1 LlamaConfig defaults: what an official `text_config` means by the fields it omits."""
 
 PLATFORMS: dict[str, dict[str, Any]] = {
-    "libero": {"chunk_len": 8, "action_dim": 7, "proprio_dim": 8, "normalization": "bounds_q99"},
-    "aloha": {"chunk_len": 25, "action_dim": 14, "proprio_dim": 14, "normalization": "bounds"},
-    "bridge": {"chunk_len": 5, "action_dim": 7, "proprio_dim": 7, "normalization": "bounds_q99"},
+    "libero": {"chunk_len": 8, "action_dim": 7, "proprio_dim": 8, "normalization": "bounds_q99", "num_images": 2,
+               "camera_resolution": 256},
+    "aloha": {"chunk_len": 25, "action_dim": 14, "proprio_dim": 14, "normalization": "bounds", "num_images": 3,
+              "camera_resolution": 0},
+    "bridge": {"chunk_len": 5, "action_dim": 7, "proprio_dim": 7, "normalization": "bounds_q99", "num_images": 1,
+               "camera_resolution": 0},
 }
-"""The official per-platform constants (prismatic/vla/constants.py)."""
+"""The official per-platform constants (prismatic/vla/constants.py) and evaluation defaults: images per example
+(`num_images_in_input`: LIBERO third-person + wrist, ALOHA high + two wrists) and the side the official evaluation
+renders its cameras at before resizing to the model's input (LIBERO `env_img_res=256`; 0: not fixed)."""
+
+OFFICIAL_EVALUATION: dict[str, Any] = {"image_resize": "jpeg_lanczos3", "center_crop": True}
+"""What the official OpenVLA-OFT evaluation does to camera images before the checkpoint's processor (which only
+normalises): the JPEG round trip + Lanczos-3 resize of `resize_image_for_policy`, and `center_crop=True` (its
+default, "important" for checkpoints trained with random crops). `PretrainedVLA` applies it to folders that do not
+say otherwise (ours record both in their `vla_scale` section)."""
+
+IMAGE_RESIZES = ("bicubic", "jpeg_lanczos3")
+"""How camera images reach the towers' size: torch's antialiased bicubic, or the official OpenVLA(-OFT) evaluation's
+JPEG round trip + Lanczos-3 with antialias (`models/image_resize.py`), what its RLDS training images went through."""
 
 VISION_BACKBONES: dict[str, tuple[list[str], int, list[str | None]]] = {
     "clip-vit-l": (["vit_large_patch14_clip_224.openai"], 224, ["quick_gelu"]),
@@ -76,6 +92,10 @@ class OFTSpec:
     ordinal_bin_init: float = 0.0
     center_crop: bool = False
     unnorm_key: str = ""
+    num_images: int = 1  # camera images per example, primary first
+    image_resize: str = "bicubic"  # IMAGE_RESIZES
+    camera_resolution: int = 0  # the side the evaluation pipeline renders at (0: any)
+    use_proprio: bool = True  # feed the proprio token (False: the official discrete path, which drops it)
     norm_stats: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)  # the config.json read, kept for saving
 
@@ -140,6 +160,10 @@ def spec_from_openvla(config: dict[str, Any], proprio_dim: int | None = None, **
     norm_stats = config.get("norm_stats") or {}
     platform = _platform(norm_stats)
     constants: dict[str, Any] = {}
+    inputs = {"num_images": platform.get("num_images", 1), "camera_resolution": platform.get("camera_resolution", 0),
+              "image_resize": "bicubic", "center_crop": False}  # the model's own processor; see OFFICIAL_EVALUATION
+    for key, default in inputs.items():
+        constants[key] = overrides.pop(key, ours.get(key, default))
     for key in ("chunk_len", "action_dim", "normalization"):
         value = overrides.pop(key, ours.get(key, platform.get(key)))
         if value is None:
@@ -155,8 +179,7 @@ def spec_from_openvla(config: dict[str, Any], proprio_dim: int | None = None, **
         norm_stats=copy.deepcopy(norm_stats),
         raw=copy.deepcopy(config),
         **constants,
-        **{k: ours[k] for k in ("attention", "learned_action_queries", "ordinal_bin_init", "center_crop",
-                                "unnorm_key") if k in ours},
+        **{k: ours[k] for k in ("attention", "learned_action_queries", "ordinal_bin_init", "unnorm_key") if k in ours},
     )
     spec = replace(spec, **overrides)
     _check(spec)
@@ -166,6 +189,10 @@ def spec_from_openvla(config: dict[str, Any], proprio_dim: int | None = None, **
 def _check(spec: OFTSpec) -> None:
     if spec.attention not in ATTENTION_MODES:
         raise ValueError(f"attention={spec.attention!r}: choose one of {ATTENTION_MODES}")
+    if spec.image_resize not in IMAGE_RESIZES:
+        raise ValueError(f"image_resize={spec.image_resize!r}: choose one of {IMAGE_RESIZES}")
+    if spec.num_images < 1:
+        raise ValueError(f"num_images={spec.num_images} must be >= 1")
     if spec.action_token_begin < 0:
         raise ValueError(f"vocabulary {spec.llm['vocab_size']} too small for {spec.n_bins} action bins")
     for name, stats in spec.norm_stats.items():
@@ -188,6 +215,7 @@ def openvla_config(spec: OFTSpec) -> dict[str, Any]:
         "chunk_len": spec.chunk_len, "action_dim": spec.action_dim, "normalization": spec.normalization,
         "attention": spec.attention, "learned_action_queries": spec.learned_action_queries,
         "ordinal_bin_init": spec.ordinal_bin_init, "center_crop": spec.center_crop, "unnorm_key": spec.unnorm_key,
+        "num_images": spec.num_images, "image_resize": spec.image_resize, "camera_resolution": spec.camera_resolution,
         "vision_towers": [t.to_dict() for t in spec.towers],
     }
     return config
@@ -229,7 +257,8 @@ def config_from_model_config(cfg: ModelConfig, text_vocab_size: int, eos_id: int
                    n_bins=cfg.n_bins, chunk_len=cfg.chunk_len, action_dim=cfg.action_dim,
                    proprio_dim=cfg.proprio_dim if cfg.use_proprio else 0, normalization="bounds_q99",
                    attention=cfg.attention, learned_action_queries=cfg.learned_action_queries,
-                   ordinal_bin_init=cfg.ordinal_bin_init, center_crop=cfg.center_crop, unnorm_key=cfg.unnorm_key,
+                   ordinal_bin_init=cfg.ordinal_bin_init, center_crop=bool(cfg.center_crop),
+                   unnorm_key=cfg.unnorm_key, num_images=cfg.num_images, image_resize=cfg.image_resize,
                    raw=_official_fields(cfg))
     _check(spec)
     return openvla_config(spec)
@@ -260,8 +289,9 @@ def model_config_from_spec(spec: OFTSpec, base: ModelConfig | None = None) -> Mo
         hidden_size=spec.llm["hidden_size"], num_layers=spec.llm["num_hidden_layers"],
         num_heads=spec.llm["num_attention_heads"], intermediate_size=spec.llm["intermediate_size"],
         chunk_len=spec.chunk_len, action_dim=spec.action_dim, n_bins=spec.n_bins,
-        use_proprio=spec.proprio_dim > 0, proprio_dim=spec.proprio_dim or base.proprio_dim,
+        use_proprio=spec.proprio_dim > 0 and spec.use_proprio, proprio_dim=spec.proprio_dim or base.proprio_dim,
         learned_action_queries=spec.learned_action_queries, ordinal_bin_init=spec.ordinal_bin_init,
         pad_to_multiple_of=spec.pad_to_multiple_of, attention=spec.attention, timm_model_ids=timm_ids,
         vocab_size=spec.llm["vocab_size"], center_crop=spec.center_crop, unnorm_key=spec.unnorm_key,
+        num_images=spec.num_images, image_resize=spec.image_resize,
     )

@@ -42,7 +42,7 @@ class Decoded:
 
     tokens: np.ndarray  # int64[B, chunk*action_dim]
     logprobs: np.ndarray  # float32[B, chunk*action_dim]
-    actions: np.ndarray  # float32[B, chunk, action_dim], normalised to [-1, 1]
+    actions: np.ndarray  # float64[B, chunk, action_dim]: un-normalised with the dataset statistics (if any)
     version: int
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
-from vla_scale.models.policy import Processor
+from vla_scale.models.pretrained import PretrainedVLA
 from vla_scale.parallel.fleet import Restarted, SimFleet
 from vla_scale.rollout.engine import RolloutEngine
 
@@ -28,14 +28,16 @@ from vla_scale.rollout.engine import RolloutEngine
 class Trajectory:
     """One episode, per executed chunk step: model inputs, action tokens, rollout log-probs, policy version.
 
-    Every recorded step counts for the loss: an episode ends at its first success, so the recorded steps are
-    exactly those up to and including the first success.
+    The inputs are exactly what the rollout decoded on: every camera the policy takes, as the towers saw them
+    (resized and cropped, before normalisation), and the raw proprio; the update feeds them to
+    `Processor.from_prepared`. Every recorded step counts for the loss: an episode ends at its first success, so the
+    recorded steps are exactly those up to and including the first success.
     """
 
     task: TaskSpec
     uid: str
     instruction: str = ""
-    images: list[np.ndarray] = field(default_factory=list)  # uint8[H, W, 3] per chunk step
+    images: list[np.ndarray] = field(default_factory=list)  # uint8[cameras, S, S, 3] per chunk step, primary first
     proprio: list[np.ndarray] = field(default_factory=list)
     tokens: list[np.ndarray] = field(default_factory=list)  # int64[chunk*action_dim]
     logprobs: list[np.ndarray] = field(default_factory=list)
@@ -82,10 +84,12 @@ class LoopStats:
 
 
 class EnvLoop:
-    def __init__(self, fleet: SimFleet, engine: RolloutEngine, processor: Processor, max_chunks: int,
-                 camera: str = "agentview"):
-        self.fleet, self.engine, self.processor = fleet, engine, processor
-        self.max_chunks, self.camera = max_chunks, camera
+    """`vla` supplies the inputs (its processor) and the env's action post-processing; `engine` decodes."""
+
+    def __init__(self, fleet: SimFleet, engine: RolloutEngine, vla: PretrainedVLA, max_chunks: int):
+        self.fleet, self.engine, self.vla = fleet, engine, vla
+        self.processor = vla.processor
+        self.max_chunks = max_chunks
         self.stage = fleet.stage_of()
         self._prefetched: list[TaskSpec] | None = None
         self.stats = LoopStats()
@@ -172,15 +176,19 @@ class EnvLoop:
 
     def _decode_and_send(self, todo, s, trajs, observations, chunks_done, temperature, greedy) -> None:
         t0 = time.perf_counter()
-        decoded = self.engine.decode(self.processor([observations[i] for i in todo]), temperature, greedy)
+        batch = [observations[i] for i in todo]
+        images, proprio = self.processor.prepare(batch)
+        inputs = self.processor.from_prepared(images, [o.instruction for o in batch], proprio)
+        decoded = self.engine.decode(inputs, temperature, greedy)
         self.stats.decode_s += time.perf_counter() - t0
-        chunks = np.zeros((self.fleet.size, *decoded.actions.shape[1:]), dtype=np.float32)
-        chunks[todo] = decoded.actions
+        actions = self.vla.env_actions(decoded.actions)
+        chunks = np.zeros((self.fleet.size, *actions.shape[1:]), dtype=np.float64)  # sent as the env takes them
+        chunks[todo] = actions
         for row, i in enumerate(todo):
             obs, traj = observations[i], trajs[i]
             traj.instruction = obs.instruction
-            traj.images.append(obs.images[self.camera])
-            traj.proprio.append(obs.proprio)
+            traj.images.append(images[row])
+            traj.proprio.append(proprio[row])
             traj.tokens.append(decoded.tokens[row])
             traj.logprobs.append(decoded.logprobs[row])
             traj.versions.append(decoded.version)

@@ -1,0 +1,343 @@
+"""PretrainedVLA: a policy together with everything that must agree with it, built in one place.
+
+A policy only computes the right thing with its own tokenizer, image pipeline, proprio statistics and action
+post-processing. `PretrainedVLA` reads all of them from one source and hands them out together:
+
+- `from_pretrained(folder)`: an OpenVLA-OFT checkpoint folder (official layout, or one we saved): the architecture
+  and statistics from config.json / dataset_statistics.json, the tokenizer from its tokenizer files, the image
+  preprocessing from preprocessor_config.json plus the official evaluation's resize and crop, the number of images
+  from our `vla_scale` section or the robot platform its statistics name (OFT LIBERO: third-person + wrist), actions
+  post-processed into the env's convention (`envs/interface.py`: OpenVLA gripper -> LIBERO's).
+- `from_config(model_config, instructions)`: a fresh policy of our own, with a word-level tokenizer of the suite's
+  instructions; its actions are already in the env's convention.
+- `for_env(model_config, env_config)`: what the trainer, `launch/eval.py` and the benchmarks call: one of the above
+  for that env, checked against it before anything starts (`check_env`): prompts that do not fit, images the env
+  does not render or renders at another resolution, action or proprio sizes, the statistics key.
+
+The policy's weights are built on first use of `.policy` (and again by `new_policy`, e.g. for the DeepSpeed actor
+under ZeRO-3), so the checks cost no weight loading and a fresh policy draws its init where it always did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from vla_scale.config import ConfigError, EnvConfig, ModelConfig
+from vla_scale.envs.interface import action_postprocess, env_interface
+from vla_scale.envs.types import Observation
+from vla_scale.models.actions import DatasetStats
+from vla_scale.models.checkpoint_io import (
+    CONFIG,
+    PREPROCESSOR,
+    STATS,
+    load_policy,
+    load_proprio_state,
+    proprio_projector_file,
+    read_spec,
+    weight_files,
+)
+from vla_scale.models.policy import OFTPolicy, build_policy
+from vla_scale.models.processor import ImageTransform, PolicyInputs, Processor
+from vla_scale.models.spec import (
+    OFFICIAL_EVALUATION,
+    OFTSpec,
+    config_from_model_config,
+    model_config_from_spec,
+    spec_from_openvla,
+)
+from vla_scale.models.tokenizer import HFTokenizer, TextTokenizer, WordTokenizer, prompt_text
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that is missing, unreadable or does not fit; the message says what to change."""
+
+
+@dataclass
+class Prediction:
+    """One batch of predicted chunks."""
+
+    tokens: np.ndarray  # int64[B, chunk*action_dim]: bin index 0..n_bins-1, vocabulary order
+    actions: np.ndarray  # float64[B, chunk, action_dim]: un-normalised with the dataset statistics
+    env_actions: np.ndarray  # float64[B, chunk, action_dim]: after the env's post-processing
+
+
+class PretrainedVLA:
+    """Policy, tokenizer, processor and action post-processing from one source (module docstring)."""
+
+    def __init__(self, spec: OFTSpec, tokenizer: TextTokenizer, processor: Processor, env: str,
+                 build: Callable[[bool], OFTPolicy], source: str):
+        self.spec, self.tokenizer, self.processor, self.env, self.source = spec, tokenizer, processor, env, source
+        self.convention = "openvla" if spec.norm_stats else "env"
+        self.env_actions = action_postprocess(env, self.convention)
+        """Un-normalised actions [..., A] -> what the env steps with (the env's post-processing)."""
+        self._build = build
+        self._policy: OFTPolicy | None = None
+
+    # ---- construction -----------------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, folder: str, unnorm_key: str | None = None, center_crop: bool | None = None,
+                        attention: str | None = None, *, use_proprio: bool | None = None, env: str | None = None,
+                        suite: str | None = None, max_text_len: int = 0, instructions: list[str] | None = None
+                        ) -> PretrainedVLA:
+        """Everything from `folder`. `unnorm_key`: the statistics of this dataset (None: the suite's, as the official
+        `check_unnorm_key` finds it, else the only one). `center_crop`, `attention`: override the checkpoint's.
+        `use_proprio=False` drops the proprio token, as the official discrete-token evaluation does (default: feed
+        it through the checkpoint's projector). `env`: the env whose cameras and action convention apply (None: the
+        platform the statistics name, e.g. libero). `max_text_len`: a fixed prompt budget checked against
+        `instructions` (0: sized to them; without instructions each batch pads to its longest prompt)."""
+        check_checkpoint_folder(folder)
+        tokenizer = HFTokenizer.from_folder(folder)
+        proprio = load_proprio_state(folder)
+        proprio_dim = proprio["fc1.weight"].shape[1] if proprio else None
+        overrides: dict[str, Any] = {k: v for k, v in (("center_crop", center_crop), ("attention", attention),
+                                                       ("use_proprio", use_proprio)) if v is not None}
+        if "vla_scale" not in _read_json(os.path.join(folder, CONFIG)):  # an official folder: its evaluation's images
+            overrides = {**OFFICIAL_EVALUATION, **overrides}
+        try:
+            spec = read_spec(folder, proprio_dim=proprio_dim, **overrides)
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"{folder}/{CONFIG} does not describe an OpenVLA-OFT policy: {err}") from err
+        overrides["unnorm_key"] = resolve_unnorm_key(spec, unnorm_key, suite, folder)
+        spec = replace(spec, unnorm_key=overrides["unnorm_key"])
+        if tokenizer.vocab_size > spec.llm["vocab_size"]:
+            raise CheckpointError(f"{folder}: its tokenizer has {tokenizer.vocab_size} ids but the model embeds only "
+                                  f"{spec.llm['vocab_size']}: the tokenizer files belong to another model")
+        env = env or _platform_env(spec, folder)
+        preprocessor = _read_json(os.path.join(folder, PREPROCESSOR)) if os.path.isfile(
+            os.path.join(folder, PREPROCESSOR)) else None
+        budget = text_budget(tokenizer, instructions or [], max_text_len)
+        processor = _processor(spec, tokenizer, env, preprocessor, budget)
+
+        def build(zero3_init: bool = False) -> OFTPolicy:
+            return load_policy(OFTPolicy, folder, zero3_init=zero3_init, **overrides)
+
+        return cls(spec, tokenizer, processor, env, build, folder)
+
+    @classmethod
+    def from_config(cls, model: ModelConfig, instructions: list[str], env: str = "reach") -> PretrainedVLA:
+        """A fresh policy `model` describes, with a word-level tokenizer of `instructions` (seed torch first for a
+        reproducible init, which happens on first use of `.policy` or `new_policy`)."""
+        if model.checkpoint:
+            raise ValueError("from_config builds a fresh policy; use from_pretrained for model.checkpoint")
+        tokenizer = WordTokenizer.from_instructions(instructions)
+        config = config_from_model_config(model, tokenizer.vocab_size, tokenizer.eos_id)
+        spec = spec_from_openvla(config, proprio_dim=model.proprio_dim if model.use_proprio else None)
+        processor = _processor(spec, tokenizer, env, None, text_budget(tokenizer, instructions, model.max_text_len))
+
+        def build(zero3_init: bool = False) -> OFTPolicy:
+            return build_policy(model, tokenizer, zero3_init)
+
+        return cls(spec, tokenizer, processor, env, build, f"a fresh model={model.name}")
+
+    @classmethod
+    def for_env(cls, model: ModelConfig, env: EnvConfig) -> PretrainedVLA:
+        """The policy of a run on `env`: `model.checkpoint`'s, else a fresh one; raises ConfigError naming every
+        key that does not fit, before any simulator starts."""
+        from vla_scale.envs.registry import suite_instructions
+
+        instructions = suite_instructions(env.name, env.suite)
+        if model.checkpoint:
+            try:
+                # the checkpoint decides its architecture (model.attention etc. describe fresh policies)
+                vla = cls.from_pretrained(model.checkpoint, model.unnorm_key or None, model.center_crop,
+                                          use_proprio=model.use_proprio, env=env.name,
+                                          suite=env.suite, max_text_len=model.max_text_len,
+                                          instructions=instructions)
+            except (CheckpointError, FileNotFoundError, ValueError) as err:
+                raise ConfigError(f"model.checkpoint={model.checkpoint!r}: {err}") from err
+        else:
+            try:
+                vla = cls.from_config(model, instructions, env.name)
+            except ValueError as err:
+                raise ConfigError(f"model={model.name}: {err}") from err
+        problems = vla.check_env(env)
+        if problems:
+            raise ConfigError("the policy does not fit the env:\n  - " + "\n  - ".join(problems))
+        return vla
+
+    # ---- the stable surface -----------------------------------------------------------------------------------------
+    @property
+    def policy(self) -> OFTPolicy:
+        """The policy (built on first use, float32, eval mode)."""
+        if self._policy is None:
+            self._policy = self._build(False).eval()
+        return self._policy
+
+    def save_pretrained(self, folder: str) -> None:
+        """The policy (official layout, `OFTPolicy.save_pretrained`) and its tokenizer files: a folder
+        `from_pretrained` reads back to the same computation."""
+        self.policy.save_pretrained(folder)
+        self.tokenizer.save(folder)
+
+    def new_policy(self, zero3_init: bool = False) -> OFTPolicy:
+        """Another copy from the same source (fresh: a new random init; checkpoint: its weights again)."""
+        return self._build(zero3_init)
+
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        """Observation image names the policy takes, primary first."""
+        return self.processor.cameras
+
+    @property
+    def max_text_len(self) -> int:
+        return self.processor.max_text_len
+
+    def prompt_ids(self, instruction: str) -> np.ndarray:
+        """int64 ids of the instruction's prompt: BOS ... the trailing empty token, as the official `predict_action`
+        runs on them."""
+        return np.asarray(self.processor.prompt_ids(instruction), dtype=np.int64)
+
+    def inputs(self, observations: list[Observation]) -> PolicyInputs:
+        return self.processor(observations)
+
+    @torch.no_grad()
+    def predict(self, observations: list[Observation], greedy: bool = True, temperature: float = 1.0,
+                generator: torch.Generator | None = None) -> Prediction:
+        """Decode one chunk per observation: argmax over the action bins (greedy, the RL decode) or a sample at
+        `temperature`."""
+        policy = self.policy
+        batch = self.inputs(observations)
+        logits = policy(batch.to(next(policy.parameters()).device)).float()
+        if greedy:
+            tokens = logits.argmax(dim=-1)
+        else:
+            probs = torch.softmax(logits / temperature, dim=-1).reshape(-1, logits.shape[-1])
+            tokens = torch.multinomial(probs, 1, generator=generator).view(logits.shape[:-1])
+        tokens_np = tokens.cpu().numpy().astype(np.int64)
+        actions = policy.tokens_to_actions(tokens_np)
+        return Prediction(tokens_np, actions, self.env_actions(actions))
+
+    # ---- fitting the env -------------------------------------------------------------------------------------------
+    def camera_resolution(self, env: EnvConfig) -> int:
+        """The side the env renders at: `env.camera_resolution`, or (0) the policy pipeline's (a checkpoint's
+        official evaluation resolution, e.g. LIBERO's 256; else the towers' input size)."""
+        return env.camera_resolution or self.spec.camera_resolution or self.spec.towers[0].image_size
+
+    def check_env(self, env: EnvConfig) -> list[str]:
+        """Every way the policy does not fit `env` (empty when it fits), each naming the key to change."""
+        problems = []
+        face = env_interface(env.name)
+        spec = self.spec
+        if spec.num_images > len(face.cameras):
+            problems.append(f"the policy takes {spec.num_images} images per example but env {env.name!r} renders "
+                            f"{len(face.cameras)} ({list(face.cameras)}): set model.num_images (or use another env)")
+        if spec.camera_resolution and env.camera_resolution not in (0, spec.camera_resolution):
+            problems.append(f"env.camera_resolution={env.camera_resolution} but {self.source}'s pipeline renders "
+                            f"at {spec.camera_resolution} and resizes to {spec.towers[0].image_size}: set "
+                            f"env.camera_resolution={spec.camera_resolution} (or 0)")
+        if spec.action_dim != face.action_dim:
+            problems.append(f"the policy decodes {spec.action_dim}-d actions, env {env.name!r} takes "
+                            f"{face.action_dim}-d ones: use a model for this env (model.action_dim)")
+        if spec.proprio_dim and spec.use_proprio and spec.proprio_dim != face.proprio_dim:
+            problems.append(f"the policy's proprio projector takes {spec.proprio_dim} values, env {env.name!r} gives "
+                            f"{face.proprio_dim}: set model.proprio_dim={face.proprio_dim} (e.g. model=tiny_libero "
+                            "for LIBERO) or model.use_proprio=false")
+        return problems
+
+    def model_config(self, base: ModelConfig) -> ModelConfig:
+        """The ModelConfig describing this policy (the checkpoint's values over `base`; the prompt budget)."""
+        resolved = model_config_from_spec(self.spec, base)
+        return replace(resolved, max_text_len=self.max_text_len, use_proprio=self.spec.use_proprio and
+                       self.spec.proprio_dim > 0)
+
+
+# ---- helpers --------------------------------------------------------------------------------------------------------
+def _read_json(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is not readable JSON ({err}); restore it from the original checkpoint") from err
+
+
+def check_checkpoint_folder(folder: str) -> None:
+    """The files a checkpoint folder needs are there and readable (weights: their headers), else CheckpointError."""
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"checkpoint folder {folder!r} does not exist (model.checkpoint names an OpenVLA-OFT "
+                              "folder: config.json, model.safetensors, tokenizer files, dataset_statistics.json)")
+    if not os.path.isfile(os.path.join(folder, CONFIG)):
+        raise CheckpointError(f"{folder} has no {CONFIG}: not a checkpoint folder")
+    for name in (CONFIG, STATS, PREPROCESSOR):
+        if os.path.isfile(os.path.join(folder, name)):
+            _read_json(os.path.join(folder, name))
+    try:
+        files = weight_files(folder)
+    except FileNotFoundError as err:
+        raise CheckpointError(str(err)) from err
+    from safetensors import safe_open
+
+    for file in files:
+        try:
+            with safe_open(file, framework="pt") as f:
+                names = list(f.keys())
+            if not names:
+                raise ValueError("no tensors")
+        except Exception as err:  # safetensors raises its own error type for a truncated or corrupt file
+            raise CheckpointError(f"{file} is unreadable ({err}): the download or copy is incomplete") from err
+    projector = proprio_projector_file(folder)
+    if projector is not None:
+        try:
+            load_proprio_state(folder)
+        except Exception as err:  # torch.load raises several types for a corrupt archive
+            raise CheckpointError(f"{projector} is unreadable ({err}): the download or copy is incomplete") from err
+
+
+def resolve_unnorm_key(spec: OFTSpec, unnorm_key: str | None, suite: str | None, folder: str) -> str:
+    """The statistics key: the one named (it must exist); else, with a suite, the suite's or `<suite>_no_noops`
+    (the official `check_unnorm_key`, which refuses anything else); else the only one; '' without statistics."""
+    keys = sorted(spec.norm_stats)
+    named = unnorm_key or spec.unnorm_key
+    if named:
+        if named not in spec.norm_stats:
+            raise CheckpointError(f"model.unnorm_key={named!r} is not among {folder}'s dataset statistics {keys}")
+        return named
+    if not keys:
+        return ""
+    if suite:
+        for key in (suite, f"{suite}_no_noops"):
+            if key in spec.norm_stats:
+                return key
+        raise CheckpointError(f"{folder} has no statistics for suite {suite!r} ({suite!r} or {suite + '_no_noops'!r};"
+                              f" it has {keys}): name the dataset to use with model.unnorm_key=<one of them>")
+    if len(keys) == 1:
+        return keys[0]
+    raise CheckpointError(f"{folder} has statistics of several datasets {keys}: pass unnorm_key")
+
+
+def text_budget(tokenizer: TextTokenizer, instructions: list[str], max_text_len: int) -> int:
+    """The prompt budget: `max_text_len` when every prompt fits it, else an error naming the longest; 0 sizes it to
+    the longest prompt (0 as well without instructions: each batch pads to its own longest)."""
+    longest = max((len(tokenizer.prompt_ids(prompt_text(t))) for t in instructions), default=0)
+    if max_text_len and longest > max_text_len:
+        worst = max(instructions, key=lambda t: len(tokenizer.prompt_ids(prompt_text(t))))
+        raise ValueError(f"the suite's longest prompt has {longest} tokens > model.max_text_len={max_text_len} "
+                         f"({worst!r}): set model.max_text_len={longest} or 0 (sized to the suite)")
+    return max_text_len or longest
+
+
+def _platform_env(spec: OFTSpec, folder: str) -> str:
+    names = {key.split("_")[0].lower() for key in spec.norm_stats}
+    if "libero" in names:
+        return "libero"
+    raise CheckpointError(f"{folder}: cannot tell which env its statistics {sorted(spec.norm_stats)} belong to; "
+                          "pass env=...")
+
+
+def _processor(spec: OFTSpec, tokenizer: TextTokenizer, env: str, preprocessor: dict[str, Any] | None,
+               max_text_len: int) -> Processor:
+    cameras = env_interface(env).cameras[: spec.num_images]
+    if preprocessor is not None:
+        transform = ImageTransform.from_preprocessor_config(preprocessor, spec.center_crop, spec.image_resize)
+    else:
+        transform = ImageTransform.from_towers(spec.towers, spec.center_crop, spec.image_resize)
+    stats = DatasetStats.from_json(spec.norm_stats[spec.unnorm_key], spec.normalization) if spec.unnorm_key else None
+    if stats is None and spec.norm_stats and len(spec.norm_stats) == 1:
+        stats = DatasetStats.from_json(next(iter(spec.norm_stats.values())), spec.normalization)
+    return Processor(model_config_from_spec(spec), tokenizer, cameras, stats, transform, max_text_len)
