@@ -29,6 +29,27 @@ def test_every_shipped_config_loads_and_validates(group, option):
     assert isinstance(cfg, Config)
 
 
+TOP_LEVEL = sorted(path.stem for path in CONFIGS.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", TOP_LEVEL)
+def test_every_top_level_config_loads_and_validates(name):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = to_config(compose(config_name=name))
+    validate(cfg)
+
+
+def test_oft_libero_configs_carry_simplevla_rl_settings_on_their_suite():
+    register_configs()
+    for suite in ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"):
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            cfg = to_config(compose(config_name=f"oft_{suite}"))
+        assert cfg.env.suite == suite and cfg.env.max_steps == 512 and cfg.env.num_eval_init_states == 50
+        assert (cfg.algo.batch_size, cfg.algo.group_size, cfg.algo.lr, cfg.algo.temperature) == (64, 8, 5e-6, 1.6)
+        assert cfg.model.name == "oft_7b" and cfg.model.center_crop and cfg.deepspeed.bf16
+
+
 def test_top_level_config_is_the_embedded_default():
     cfg = validate(load())
     assert (cfg.env.name, cfg.model.name, cfg.algo.name, cfg.deepspeed.zero_stage) == ("reach", "tiny", "grpo", 3)

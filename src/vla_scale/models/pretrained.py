@@ -83,21 +83,24 @@ class PretrainedVLA:
     # ---- construction -----------------------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, folder: str, unnorm_key: str | None = None, center_crop: bool | None = None,
-                        attention: str | None = None, *, use_proprio: bool | None = None, env: str | None = None,
+                        attention: str | None = None, *, use_proprio: bool | None = None,
+                        num_images: int | None = None, env: str | None = None,
                         suite: str | None = None, max_text_len: int = 0, instructions: list[str] | None = None
                         ) -> PretrainedVLA:
         """Everything from `folder`. `unnorm_key`: the statistics of this dataset (None: the suite's, as the official
         `check_unnorm_key` finds it, else the only one). `center_crop`, `attention`: override the checkpoint's.
         `use_proprio=False` drops the proprio token, as the official discrete-token evaluation does (default: feed
-        it through the checkpoint's projector). `env`: the env whose cameras and action convention apply (None: the
-        platform the statistics name, e.g. libero). `max_text_len`: a fixed prompt budget checked against
-        `instructions` (0: sized to them; without instructions each batch pads to its longest prompt)."""
+        it through the checkpoint's projector). `num_images`: images per example (None: the checkpoint's own).
+        `env`: the env whose cameras and action convention apply (None: the platform the statistics name, e.g.
+        libero). `max_text_len`: a fixed prompt budget checked against `instructions` (0: sized to them; without
+        instructions each batch pads to its longest prompt)."""
         check_checkpoint_folder(folder)
         tokenizer = HFTokenizer.from_folder(folder)
         proprio = load_proprio_state(folder)
         proprio_dim = proprio["fc1.weight"].shape[1] if proprio else None
         overrides: dict[str, Any] = {k: v for k, v in (("center_crop", center_crop), ("attention", attention),
-                                                       ("use_proprio", use_proprio)) if v is not None}
+                                                       ("use_proprio", use_proprio), ("num_images", num_images))
+                                     if v is not None}
         if "vla_scale" not in _read_json(os.path.join(folder, CONFIG)):  # an official folder: its evaluation's images
             overrides = {**OFFICIAL_EVALUATION, **overrides}
         try:
@@ -147,7 +150,8 @@ class PretrainedVLA:
             try:
                 # the checkpoint decides its architecture (model.attention etc. describe fresh policies)
                 vla = cls.from_pretrained(model.checkpoint, model.unnorm_key or None, model.center_crop,
-                                          use_proprio=model.use_proprio, env=env.name,
+                                          use_proprio=model.use_proprio, num_images=model.num_images or None,
+                                          env=env.name,
                                           suite=env.suite, max_text_len=model.max_text_len,
                                           instructions=instructions)
             except (CheckpointError, FileNotFoundError, ValueError) as err:

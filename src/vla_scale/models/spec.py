@@ -160,7 +160,10 @@ def spec_from_openvla(config: dict[str, Any], proprio_dim: int | None = None, **
     norm_stats = config.get("norm_stats") or {}
     platform = _platform(norm_stats)
     constants: dict[str, Any] = {}
-    inputs = {"num_images": platform.get("num_images", 1), "camera_resolution": platform.get("camera_resolution", 0),
+    # OFT's recipes train the extra cameras and the proprio projector together (LIBERO: --num_images_in_input 2
+    # --use_proprio True); a checkpoint without a projector (e.g. SimpleVLA-RL's SFT ones) takes the primary image only
+    images = platform.get("num_images", 1) if proprio_dim else 1
+    inputs = {"num_images": images, "camera_resolution": platform.get("camera_resolution", 0),
               "image_resize": "bicubic", "center_crop": False}  # the model's own processor; see OFFICIAL_EVALUATION
     for key, default in inputs.items():
         constants[key] = overrides.pop(key, ours.get(key, default))
@@ -258,7 +261,7 @@ def config_from_model_config(cfg: ModelConfig, text_vocab_size: int, eos_id: int
                    proprio_dim=cfg.proprio_dim if cfg.use_proprio else 0, normalization="bounds_q99",
                    attention=cfg.attention, learned_action_queries=cfg.learned_action_queries,
                    ordinal_bin_init=cfg.ordinal_bin_init, center_crop=bool(cfg.center_crop),
-                   unnorm_key=cfg.unnorm_key, num_images=cfg.num_images, image_resize=cfg.image_resize,
+                   unnorm_key=cfg.unnorm_key, num_images=cfg.num_images or 1, image_resize=cfg.image_resize,
                    raw=_official_fields(cfg))
     _check(spec)
     return openvla_config(spec)
