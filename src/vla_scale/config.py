@@ -69,9 +69,9 @@ class ModelConfig:
     center_crop: bool | None = None
     """Crop the centre 90% of each image's area and resize back, for checkpoints trained with random crops (null:
     a checkpoint's own setting, true for official ones as their evaluation does; false for a fresh policy)."""
-    num_images: int = 1
-    """Camera images per example, in the env's camera order (primary first); a checkpoint says its own (OFT LIBERO:
-    2, third-person + wrist)."""
+    num_images: int = 0
+    """Camera images per example, in the env's camera order (primary first); 0: a checkpoint's own (from its
+    `vla_scale` section, else its robot platform: OFT LIBERO 2, third-person + wrist), 1 for a fresh policy."""
     image_resize: str = "bicubic"
     """How camera images are resized to image_size: bicubic (torch, antialiased) or jpeg_lanczos3 (the official
     OpenVLA-OFT evaluation's JPEG round trip + Lanczos-3; checkpoints use it)."""
@@ -123,6 +123,8 @@ class EnvConfig:
     libero_texture_max_side: int = 0
     """LIBERO: render from a copy of the assets with textures of at most this many pixels a side (0: LIBERO's own, as
     the official evaluation renders); 1024 takes ~0.5 GiB less per simulator, images within 2 intensity levels."""
+    libero_scenes: str = "per_episode"
+    """LIBERO fixture layouts: per_episode (seeded by task and init state) or official (OFT's eval episode k scenes)."""
     train_on_eval_states: bool = False
     """Train on the EVAL init states (SimpleVLA-RL's setting, for comparison); false keeps TRAIN and EVAL disjoint."""
     eval_videos_per_task: int = 0
@@ -303,6 +305,7 @@ def _divisors(n: int, limit: int = 64) -> list[int]:
 
 def validate(cfg: Config, world_size: int = 1) -> Config:
     """Check the arithmetic and the names; raise one ConfigError listing every problem and its fix."""
+    from vla_scale.envs.libero import SCENES as LIBERO_SCENES
     from vla_scale.envs.registry import ENVS, suite_num_tasks
 
     problems: list[str] = []
@@ -359,6 +362,9 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     if e.num_eval_init_states < 1 or e.num_train_init_states < (0 if e.train_on_eval_states else 1):
         problems.append("env.num_train_init_states and env.num_eval_init_states must both be >= 1 (the TRAIN split "
                         "may be 0 with env.train_on_eval_states=true)")
+    if e.libero_scenes not in LIBERO_SCENES:
+        problems.append(f"env.libero_scenes={e.libero_scenes!r} is not a LIBERO scene mode; choose one of "
+                        f"{list(LIBERO_SCENES)}")
     if e.settle_steps < 0 or e.libero_texture_max_side < 0:
         problems.append(f"env.settle_steps={e.settle_steps} and env.libero_texture_max_side="
                         f"{e.libero_texture_max_side} must be >= 0")

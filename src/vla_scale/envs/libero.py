@@ -13,14 +13,33 @@ Fidelity to the official OpenVLA-OFT LIBERO evaluation (`run_libero_eval.py`):
   [eef xyz, eef axis-angle, 2 gripper joints] (8-D);
 - success is LIBERO's own predicate (`done` of `env.step`, i.e. the BDDL goal holds).
 
+Fixtures (cabinets, stoves, racks) are placed by LIBERO's sampler at every reset from numpy's global RNG; the init
+state does not hold them (they have no joints), so they are where that reset's draws put them. Two modes
+(`scenes`):
+- "per_episode" (default): the RNG is reseeded from (seed, task, init state) before each reset, so an episode's
+  scene depends only on its TaskSpec. Cheap, but not the scenes the published success rates were measured on.
+- "official": episode k of task t shows the scene of the official script's episode k, which builds one env per
+  task, calls `env.seed(0)` and plays init states 0, 1, ..., 49 in order with LIBERO's default hard resets (the
+  model rebuilt at each reset). Within that loop only `env.reset()` draws: the robot's initialisation noise (7
+  normals, scaled by 0), one uniform per open/close/turn-on sampler, and the object and fixture placements
+  (rejection sampling, retried from a new rebuild after a RandomizationError); the constructor draws before
+  `env.seed`; `set_init_state`, `env.step` and rendering draw nothing. A rebuild draws differently from a soft reset
+  in two ways, both reproduced here: LIBERO appends its open/close/turn-on samplers to a list that is never cleared,
+  so the r-th model build of an env draws r values for each of them; and the samplers of objects placed on fixture
+  sites read site positions from the sim, which a rebuilt model computes from the fixtures' XML poses (a soft reset
+  would use the last episode's). The RNG state before each official reset is kept per task, so reaching episode k
+  replays only the draws of the resets between the closest known state and k (~0.04 s each, no rebuild), and the
+  episode itself is then a soft reset that draws exactly what the official hard reset draws: the same RNG states,
+  fixture poses, sim states and images as the official loop (tested).
+
 Differences that change no physics:
-- Fixtures (cabinets, stoves) are placed by LIBERO's sampler at every reset from numpy's global RNG; the init state
-  does not hold them. We reseed that RNG from (seed, task, init state) before each reset, so an episode's scene
-  depends only on its TaskSpec (in the official script it depends on how many resets came before).
 - Resets are soft (the sim is reset, not rebuilt from XML; the robot's gripper action state is cleared as a rebuild
   would): the same observations as a hard reset, 0.3-1 s instead of 2-3 s. `hard_reset=True` rebuilds as LIBERO does.
 - Camera images are rendered only where the policy sees them (after reset and at the end of each chunk), not at
-  every env step; physics does not depend on rendering.
+  every env step; physics does not depend on rendering. They show the sim at the end of the chunk's last env step;
+  the official observation (its images, and the proprio we take from it) is sampled by robosuite's 20 Hz observables
+  after 24 of that step's 25 physics substeps. Against the official images: ~0.05 intensity levels mean after
+  settling, 1-2 levels mean on the wrist camera while the arm moves.
 
 Actions are LIBERO's: 7-D, [dx, dy, dz, droll, dpitch, dyaw] of the OSC_POSE controller in [-1, 1] and the gripper
 (-1 open, +1 close). A policy trained on OpenVLA-style data outputs the gripper in [0, 1] with 1 = open:
@@ -64,6 +83,8 @@ PROPRIO_DIM = 8
 CAMERAS = {"agentview": "agentview", "wrist": "robot0_eye_in_hand"}
 """Our camera name -> LIBERO's camera name."""
 NOOP_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
+SCENES = ("per_episode", "official")
+"""How a reset places the fixtures: `LiberoEnv`'s `scenes` (the module docstring says what each gives)."""
 
 
 # ---- tasks and init states, without importing libero (its benchmark module imports torch) ------------------------
@@ -174,15 +195,40 @@ def release_compiler_memory() -> None:
         pass
 
 
+def _xml_fixture_poses(inner: Any) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(root body, pos, quat) of every fixture as the scene's XML gives it: where a rebuilt model has them before the
+    reset's placement moves them (LIBERO writes fixture placements into the model, `model.body_pos/quat`)."""
+    from robosuite.utils.mjcf_utils import string_to_array
+
+    poses = []
+    for fixture in inner.fixtures_dict.values():
+        body = inner.model.worldbody.find(f".//body[@name='{fixture.root_body}']")
+        if body is None or any(body.get(key) is not None for key in ("euler", "axisangle", "xyaxes", "zaxis")):
+            raise ValueError(f"fixture body {fixture.root_body!r}: expected a body posed by pos/quat in the XML")
+        quat = string_to_array(body.get("quat", "1 0 0 0"))
+        poses.append((fixture.root_body, string_to_array(body.get("pos", "0 0 0")), quat / np.linalg.norm(quat)))
+    return poses
+
+
 # ---- the env --------------------------------------------------------------------------------------------------------
 class LiberoEnv:
     """One LIBERO simulator; see the module docstring for what it does and why.
 
     camera_resolution: side of both cameras in pixels. settle_steps: no-op steps after each reset. max_steps: policy
-    steps per episode (None: the suite's `OFT_MAX_STEPS`). seed: with (task, init state), seeds the fixture layout.
-    assets_path: LIBERO scene assets ('' or None: the installed assets). hard_reset: rebuild the sim at every reset.
-    texture_max_side: > 0 renders from a copy of the assets whose textures are at most this many pixels a side
-    (`libero_install.downscaled_assets`: less memory, images within a few intensity levels of the official ones).
+    steps per episode (None: the suite's `OFT_MAX_STEPS`). seed: per_episode, with (task, init state), seeds the
+    fixture layout; official, the `env.seed` of the official script (0 there). assets_path: LIBERO scene assets
+    ('' or None: the installed assets). hard_reset: rebuild the sim at every reset. texture_max_side: > 0 renders from
+    a copy of the assets whose textures are at most this many pixels a side (`libero_install.downscaled_assets`: less
+    memory, images within a few intensity levels of the official ones).
+
+    scenes: where a reset puts the fixtures (cabinets, stoves), which the init state does not hold.
+    - "per_episode": from numpy's global RNG reseeded by (seed, task, init state). An episode depends only on its
+      TaskSpec and costs one soft reset, but its fixtures are not where the official evaluation had them.
+    - "official": `reset(TaskSpec(suite, t, k))` shows the scene of episode k of task t in OpenVLA-OFT's
+      `run_libero_eval.py` (one env per task, `env.seed(0)`, init states 0..k in order, hard resets), whatever this
+      simulator played before: the scenes the published success rates were measured on. The first visit to episode k
+      of a task replays the RNG draws of the official resets not yet reached (~0.04 s each); later visits cost one
+      soft reset.
     """
 
     NUM_TASKS = 90  # the largest suite (libero_90); `num_tasks(suite)` gives each suite's count
@@ -192,15 +238,18 @@ class LiberoEnv:
 
     def __init__(self, camera_resolution: int = 128, settle_steps: int = 10, max_steps: int | None = None,
                  seed: int = 0, assets_path: str | None = None, hard_reset: bool = False,
-                 texture_max_side: int = 0) -> None:
+                 texture_max_side: int = 0, scenes: str = "per_episode") -> None:
         if camera_resolution < 1 or settle_steps < 0 or (max_steps is not None and max_steps < 1):
             raise ValueError(f"need camera_resolution >= 1, settle_steps >= 0, max_steps >= 1 or None; got "
                              f"{camera_resolution}, {settle_steps}, {max_steps}")
+        if scenes not in SCENES:
+            raise ValueError(f"scenes must be one of {list(SCENES)}, got {scenes!r}")
         self.camera_resolution = camera_resolution
         self.settle_steps = settle_steps
         self.max_steps = max_steps
         self.seed = seed
         self.hard_reset = hard_reset
+        self.scenes = scenes
         self.assets = libero_install.resolve_assets(assets_path)
         if texture_max_side > 0:
             self.assets = libero_install.downscaled_assets(self.assets, texture_max_side)
@@ -211,6 +260,11 @@ class LiberoEnv:
         self._limit = 0
         self._steps = 0
         self._done = True
+        # official scenes: per (suite, task), the numpy RNG state before each official reset reached so far, and how
+        # many times the official env had built its model by then (one build in its constructor, one per reset)
+        self._official: dict[tuple[str, int], list[tuple[tuple, int]]] = {}
+        self._property_samplers: list[Any] = []  # LIBERO's open/close/turn-on samplers of one model build
+        self._fixture_poses: list[tuple[str, np.ndarray, np.ndarray]] = []
 
     def _build(self, suite: str, task_id: int) -> None:
         """(Re)build LIBERO's env for a task; imports libero on first use (after writing its config)."""
@@ -235,20 +289,33 @@ class LiberoEnv:
         from robosuite.utils.mjcf_utils import IMAGE_CONVENTION_MAPPING
 
         self._convention = IMAGE_CONVENTION_MAPPING[robosuite.macros.IMAGE_CONVENTION]
+        inner = self._env.env
+        self._property_samplers = list(inner.object_property_initializers)  # those of the constructor's build
+        self._fixture_poses = _xml_fixture_poses(inner)
         self._built = (suite, task_id)
         release_compiler_memory()
 
     def reset(self, task: TaskSpec) -> Observation:
+        return self._reset(task)
+
+    def _reset(self, task: TaskSpec, scene: int | None = None) -> Observation:
+        """`reset`; under official scenes, `scene` picks the official episode whose fixtures to show (default: the
+        TaskSpec's init state, as the official script pairs them), for comparisons with other protocols."""
         if task.suite not in SUITES:
             raise ValueError(f"LiberoEnv plays suites {list(SUITES)}, got {task.suite!r}")
         states = load_init_states(task.suite, task.task_id)
         if not 0 <= task.init_state_id < len(states):
             raise ValueError(f"init_state_id must be in [0, {len(states)}), got {task.init_state_id}")
+        if scene is not None and (self.scenes != "official" or scene < 0):
+            raise ValueError(f"scene={scene} needs scenes='official' and scene >= 0 (scenes={self.scenes!r})")
         if self._built != (task.suite, task.task_id):
             self._build(task.suite, task.task_id)
         env = self._env
-        np.random.seed(np.random.SeedSequence([self.seed, task.task_id, task.init_state_id]).generate_state(1)[0])
-        env.reset()
+        if self.scenes == "official":
+            self._official_reset(task, task.init_state_id if scene is None else scene)
+        else:
+            np.random.seed(np.random.SeedSequence([self.seed, task.task_id, task.init_state_id]).generate_state(1)[0])
+            env.reset()
         if self.hard_reset:  # the scene was compiled again
             release_compiler_memory()
         gripper = env.env.robots[0].gripper
@@ -261,6 +328,51 @@ class LiberoEnv:
         self._steps = 0
         self._done = False
         return self._observe(obs)
+
+    def _official_reset(self, task: TaskSpec, episode: int) -> None:
+        """Reset to the fixtures of the official script's `episode` of this task (see the module docstring)."""
+        known = self._official.setdefault((task.suite, task.task_id), [])
+        if not known:
+            np.random.seed(self.seed)  # `env.seed(0)`, right after the official env's constructor (its one build)
+            known.append((np.random.get_state(), 1))
+        while len(known) <= episode:  # official resets not reached yet: their draws only
+            state, builds = known[-1]
+            np.random.set_state(state)
+            builds = self._official_attempts(builds, draws_only=True)
+            known.append((np.random.get_state(), builds))
+        state, builds = known[episode]
+        np.random.set_state(state)
+        builds = self._official_attempts(builds, draws_only=False)
+        if len(known) == episode + 1:  # nothing below draws before the next official reset
+            known.append((np.random.get_state(), builds))
+
+    def _official_attempts(self, builds: int, draws_only: bool) -> int:
+        """One official `env.reset()`: attempts until one places every object (LIBERO's `ControlEnv.reset` retries
+        after a RandomizationError, each time from a new model build). Every attempt draws what a hard reset draws,
+        from a sim in the state a rebuilt model has; `draws_only` skips what does not draw (observations, sensors).
+        Returns the official env's model builds after it."""
+        from robosuite.utils.errors import RandomizationError
+
+        inner = self._env.env
+        while True:
+            rebuilds = self.hard_reset and not draws_only  # then inner.reset() appends one build's samplers itself
+            inner.object_property_initializers = self._property_samplers * (builds if rebuilds else builds + 1)
+            builds += 1
+            if not rebuilds:  # a rebuilt model starts with its fixtures at their XML poses
+                model = inner.sim.model
+                for body, pos, quat in self._fixture_poses:
+                    body_id = model.body_name2id(body)
+                    model.body_pos[body_id] = pos
+                    model.body_quat[body_id] = quat
+            try:
+                if draws_only:
+                    inner.sim.reset()  # what a soft inner.reset() does before its _reset_internal(), which draws
+                    inner._reset_internal()
+                else:
+                    inner.reset()
+                return builds
+            except RandomizationError:
+                continue
 
     def step(self, chunk: np.ndarray) -> ChunkStep:
         """Run the chunk's actions one by one; stop at success or at the step limit."""

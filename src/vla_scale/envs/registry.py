@@ -29,7 +29,7 @@ def env_kwargs(env: EnvConfig) -> dict[str, Any]:
     if env.name == "libero":
         return {"camera_resolution": env.camera_resolution, "settle_steps": env.settle_steps,
                 "max_steps": env.max_steps, "assets_path": env.libero_assets or None,
-                "texture_max_side": env.libero_texture_max_side}
+                "texture_max_side": env.libero_texture_max_side, "scenes": env.libero_scenes}
     return {"camera_resolution": env.camera_resolution, "max_steps": env.max_steps, "max_delta": env.max_delta}
 
 
