@@ -117,7 +117,8 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     engine = RolloutEngine(policy, "cuda" if torch.cuda.is_available() else "cpu", seed=cfg.seed)
     specs = [TaskSpec(e.suite, task, state) for task in range(e.num_tasks) for state in init_state_ids(e, "eval")]
     log = RunLogger(run_dir)
-    print(f"evaluating {source} on {e.suite}: {len(specs)} episodes, run directory {run_dir}", flush=True)
+    print(f"evaluating {source} on {e.suite}: {len(specs)} episodes, run directory {run_dir}\n"
+          f"policy: {vla.describe(e)}", flush=True)
     start_ray(cfg.parallel.ray_address, cfg.parallel.ray_dashboard, cfg.parallel.ray_num_cpus)
     stages = e.rollout.pipeline_stage_num
     size = e.num_workers * e.sims_per_worker * stages

@@ -68,8 +68,8 @@ def main(dict_cfg: DictConfig) -> float:
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
     trainer = Trainer(cfg, run_dir)
     if trainer.rank == 0:
-        print(f"run directory: {run_dir}\ntensorboard:   tensorboard --logdir {os.path.join(run_dir, 'tb')}",
-              flush=True)
+        print(f"run directory: {run_dir}\ntensorboard:   tensorboard --logdir {os.path.join(run_dir, 'tb')}\n"
+              f"policy:        {trainer.vla.describe(trainer.cfg.env)}", flush=True)
     try:
         metrics = trainer.train()
     finally:

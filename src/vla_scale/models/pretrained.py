@@ -245,6 +245,18 @@ class PretrainedVLA:
                             "for LIBERO) or model.use_proprio=false")
         return problems
 
+    def describe(self, env: EnvConfig | None = None) -> str:
+        """One line saying what the policy takes and how its inputs and actions are made."""
+        spec, side = self.spec, self.spec.towers[0].image_size
+        render = f"rendered at {self.camera_resolution(env)} px, " if env is not None else ""
+        crop = ", centre crop" if spec.center_crop else ""
+        proprio = f"{spec.proprio_dim}-d proprio" if spec.proprio_dim and spec.use_proprio else "no proprio"
+        stats = f"statistics {spec.unnorm_key!r}" if spec.unnorm_key else "no statistics"
+        budget = f"prompts of up to {self.max_text_len} tokens" if self.max_text_len else "prompts padded per batch"
+        return (f"{self.source}: images {'+'.join(self.cameras)} {render}{spec.image_resize} to {side}{crop}; "
+                f"{proprio}; {budget} ({type(self.tokenizer).__name__}); {stats}; {self.convention} actions -> "
+                f"{self.env}")
+
     def model_config(self, base: ModelConfig) -> ModelConfig:
         """The ModelConfig describing this policy (the checkpoint's values over `base`; the prompt budget)."""
         resolved = model_config_from_spec(self.spec, base)
