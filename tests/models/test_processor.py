@@ -7,7 +7,7 @@ from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
 from vla_scale.models import ImageTransform, Processor, WordTokenizer
-from vla_scale.models.processor import centre_crop_uint8
+from vla_scale.models.official_images import centre_crop
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
@@ -46,12 +46,12 @@ def test_centre_crop_keeps_the_centre_box_of_the_area():
     """A horizontal ramp: the crop keeps columns lo..hi of the box with side sqrt(0.9), as TF crop_and_resize."""
     w = 224
     ramp = np.broadcast_to(np.arange(w, dtype=np.uint8)[None, :, None], (w, w, 3))
-    out = centre_crop_uint8(torch.from_numpy(np.ascontiguousarray(ramp)).permute(2, 0, 1)[None], 0.9)
+    out = centre_crop(ramp[None], 0.9)
     side = np.sqrt(np.float32(0.9))
     lo = (1 - side) / 2
     expected_cols = (lo + np.arange(w) * side / (w - 1)) * (w - 1)
-    got = out[0, 0, w // 2].numpy().astype(np.float64)
+    got = out[0, w // 2, :, 0].astype(np.float64)
     assert np.abs(got - np.floor(expected_cols / 255 * 255.5)).max() <= 1
-    assert out.shape == (1, 3, w, w) and out.dtype == torch.uint8
-    flat = torch.full((1, 3, w, w), 200, dtype=torch.uint8)
-    assert torch.equal(centre_crop_uint8(flat, 0.9), flat)
+    assert out.shape == (1, w, w, 3) and out.dtype == np.uint8
+    flat = np.full((1, w, w, 3), 200, dtype=np.uint8)
+    np.testing.assert_array_equal(centre_crop(flat, 0.9), flat)

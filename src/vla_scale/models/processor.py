@@ -7,12 +7,12 @@ checkpoint's `preprocessor_config.json` when there is one, else from the towers 
 
 Optional 0.9-area centre crop (OFT's `center_crop_image`, for checkpoints trained with random crops): TensorFlow's
 `crop_and_resize` of the centre box of side sqrt(0.9), bilinear, back to the same size, on [0, 1] floats, converted
-back to uint8 as TensorFlow does (x * 255.5, truncated). Reproduced here in torch, so no TensorFlow is needed.
+back to uint8 as TensorFlow does (x * 255.5, truncated); `official_images.centre_crop` reproduces it bit for bit.
 
 Resizing (only when the camera image is not the tower's size): `jpeg_lanczos3` is the official OpenVLA-OFT
 evaluation's (a JPEG round trip, then TensorFlow's Lanczos-3 with antialias, reimplemented in
-`models/image_resize.py`), what official checkpoints expect: their LIBERO evaluation renders at 256 and resizes to 224
-this way before the crop. `bicubic` is torch's antialiased bicubic, for policies of our own.
+`models/official_images.py`), what official checkpoints expect: their LIBERO evaluation renders at 256 and resizes
+to 224 this way before the crop. `bicubic` is torch's antialiased bicubic, for policies of our own.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from torch import Tensor
 from vla_scale.config import ModelConfig
 from vla_scale.envs.types import Observation
 from vla_scale.models.actions import DatasetStats
+from vla_scale.models.official_images import centre_crop, official_libero_resize
 from vla_scale.models.spec import tower_specs
 from vla_scale.models.tokenizer import TextTokenizer, pad_rows, prompt_text
 from vla_scale.models.vision import ViTSpec
@@ -98,19 +99,15 @@ class ImageTransform:
         batch, n, h, w, _ = images.shape
         size = self.image_size
         if (h, w) != (size, size) and self.resize == "jpeg_lanczos3":
-            from vla_scale.models.image_resize import official_libero_resize
-
             flat = images.reshape(batch * n, h, w, 3)
             images = np.stack([official_libero_resize(im, size) for im in flat]).reshape(batch, n, size, size, 3)
             h = w = size
-        if (h, w) == (size, size) and not self.center_crop:
-            return np.ascontiguousarray(images)
-        x = torch.from_numpy(np.ascontiguousarray(images)).reshape(batch * n, h, w, 3).permute(0, 3, 1, 2)
         if (h, w) != (size, size):
-            x = resize_uint8(x, size)
+            x = torch.from_numpy(np.ascontiguousarray(images)).reshape(batch * n, h, w, 3).permute(0, 3, 1, 2)
+            images = resize_uint8(x, size).permute(0, 2, 3, 1).reshape(batch, n, size, size, 3).numpy()
         if self.center_crop:
-            x = centre_crop_uint8(x, self.crop_area)
-        return x.permute(0, 2, 3, 1).reshape(batch, n, size, size, 3).contiguous().numpy()
+            images = centre_crop(images, self.crop_area)
+        return np.ascontiguousarray(images)
 
     def normalize(self, images: np.ndarray) -> Tensor:
         """Prepared images uint8 [B, N, S, S, 3] -> pixel_values float32 [B, N * 3 * towers, S, S]."""
@@ -164,29 +161,6 @@ def resize_uint8(x: Tensor, size: int) -> Tensor:
     """uint8 [B, 3, H, W] -> uint8 [B, 3, size, size], antialiased bicubic."""
     out = F.interpolate(x.float(), size=(size, size), mode="bicubic", antialias=True, align_corners=False)
     return out.round_().clamp_(0, 255).to(torch.uint8)
-
-
-def centre_crop_uint8(x: Tensor, area: float) -> Tensor:
-    """TensorFlow's crop_and_resize of the centre box covering `area` of the image, back to the same size."""
-    _, _, h, w = x.shape
-    side = np.sqrt(np.float32(area)).clip(0, 1)
-    lo = (np.float32(1) - side) / np.float32(2)
-    image = x.float() * np.float32(1 / 255.0)
-    ys, xs = _sample_points(lo, lo + side, h), _sample_points(lo, lo + side, w)
-    y0, x0 = ys.floor().long(), xs.floor().long()
-    y1, x1 = ys.ceil().long().clamp(max=h - 1), xs.ceil().long().clamp(max=w - 1)
-    dy, dx = (ys - y0).view(1, 1, -1, 1), (xs - x0).view(1, 1, 1, -1)
-    top = image[:, :, y0][..., x0] + (image[:, :, y0][..., x1] - image[:, :, y0][..., x0]) * dx
-    bottom = image[:, :, y1][..., x0] + (image[:, :, y1][..., x1] - image[:, :, y1][..., x0]) * dx
-    out = (top + (bottom - top) * dy).clamp(0, 1)
-    return (out * np.float32(255.5)).clamp(0, 255).to(torch.uint8)
-
-
-def _sample_points(start: np.float32, end: np.float32, size: int) -> Tensor:
-    """TensorFlow's sampling grid of crop_and_resize: start*(size-1) + i*(end-start)*(size-1)/(size-1)."""
-    scale = (end - start) * np.float32(size - 1) / np.float32(size - 1)
-    index = torch.arange(size, dtype=torch.float32)
-    return float(start * np.float32(size - 1)) + index * float(scale)
 
 
 class Processor:

@@ -13,17 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from vla_scale.models import image_resize
-from vla_scale.models.image_resize import (
+from vla_scale.models import official_images
+from vla_scale.models.official_images import (
     jpeg_round_trip,
     lanczos3_resize,
     lanczos3_resize_float,
     lanczos3_spans,
     official_libero_resize,
 )
-from vla_scale.models.processor import centre_crop_uint8
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(os.environ.get("VLA_SCALE_LIBERO_FIXTURE", ROOT.parent / "shared" / "fixtures" / "oft_libero_pipeline"))
@@ -59,7 +57,7 @@ def test_official_resize_matches_the_official_outputs(ref, resized):
     mean, worst, share = diff.mean(), diff.max(), (diff != 0).mean()
     summary = (f"bit-exact {exact}/{n_cases * n_chunks * n_cameras} images; chunk 0: mean |diff| {mean:.2e}, "
                f"max {worst}, share of differing values {share:.2e}")
-    if image_resize._SINF is not None:  # the C library's sinf, as TensorFlow's kernel uses: bitwise the official op
+    if official_images._SINF is not None:  # the C library's sinf, as TensorFlow's kernel uses: bitwise the official op
         assert exact == n_cases * n_chunks * n_cameras and worst == 0, summary
     else:  # correctly rounded sines: a 1-ulp weight difference flips a handful of values by one level
         assert worst <= 1 and share < 1e-4, summary
@@ -68,8 +66,7 @@ def test_official_resize_matches_the_official_outputs(ref, resized):
 @needs_fixture
 def test_centre_crop_of_the_official_resize_is_bit_exact(ref, resized):
     def crop(images: np.ndarray) -> np.ndarray:
-        x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
-        return centre_crop_uint8(x, 0.9).permute(0, 2, 3, 1).contiguous().numpy()
+        return official_images.centre_crop(images, 0.9)
 
     official = ref["img_resized_chunk0"]
     np.testing.assert_array_equal(crop(official.reshape(-1, *official.shape[2:])).reshape(official.shape),
@@ -133,7 +130,7 @@ def test_jpeg_round_trip():
 def test_module_imports_neither_torch_nor_tensorflow():
     """It must load in processes that render with MuJoCo/EGL, where torch or TensorFlow is unwanted."""
     code = ("import importlib.util, sys\n"
-            f"spec = importlib.util.spec_from_file_location('image_resize', {image_resize.__file__!r})\n"
+            f"spec = importlib.util.spec_from_file_location('image_resize', {official_images.__file__!r})\n"
             "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
             "assert not {'torch', 'tensorflow'} & set(sys.modules), sorted(sys.modules)\n")
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -143,7 +140,7 @@ def test_module_imports_neither_torch_nor_tensorflow():
 def test_correctly_rounded_sines_are_one_level_off_at_a_few_values(ref, monkeypatch):
     """Why the kernel calls the C library's sinf: with correctly rounded sines, 8 of the 352 sine values of a 256->224
     resize are 1 ulp away from glibc's, which flips 2 values (by one level) in 3 of the 12 chunk-0 images."""
-    monkeypatch.setattr(image_resize, "_SINF", None)
+    monkeypatch.setattr(official_images, "_SINF", None)
     lanczos3_spans.cache_clear()
     try:
         raw = np.stack([ref[camera][:, 0] for camera in CAMERAS], axis=1)
