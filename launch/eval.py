@@ -90,7 +90,7 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     import torch
     from safetensors.torch import load_file
 
-    from vla_scale.envs.registry import env_kwargs, suite_instructions
+    from vla_scale.envs.registry import suite_instructions
     from vla_scale.envs.types import TaskSpec
     from vla_scale.logging import RunLogger, progress
     from vla_scale.models import PretrainedVLA
@@ -122,9 +122,10 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     start_ray(cfg.parallel.ray_address, cfg.parallel.ray_dashboard, cfg.parallel.ray_num_cpus)
     stages = e.rollout.pipeline_stage_num
     size = e.num_workers * e.sims_per_worker * stages
-    fleet = SimFleet(e.name, env_kwargs(e), size, e.num_workers, e.sims_per_worker, e.step_timeout_s, stages=stages,
+    sim_kwargs = vla.simulator_kwargs(e)
+    fleet = SimFleet(e.name, sim_kwargs, size, e.num_workers, e.sims_per_worker, e.step_timeout_s, stages=stages,
                      max_failures=e.max_failures, in_process=e.sim_workers_in_trainer)
-    loop = EnvLoop(fleet, engine, vla, math.ceil(e.max_steps / cfg.model.chunk_len))
+    loop = EnvLoop(fleet, engine, vla, math.ceil(e.max_steps / cfg.model.chunk_len), "image_prep" in sim_kwargs)
     results: dict[int, list[bool]] = {task: [] for task in range(e.num_tasks)}
     trajs = []
     bar = progress(len(specs), 0, cfg.progress, f"eval {e.suite}")

@@ -23,7 +23,6 @@ import torch.distributed as dist
 from vla_scale import checkpoint
 from vla_scale.algo import group_advantages, group_success_filter
 from vla_scale.config import Config, as_yaml, validate
-from vla_scale.envs.registry import env_kwargs
 from vla_scale.envs.types import TaskSpec
 from vla_scale.logging import RunLogger, progress
 from vla_scale.models import PretrainedVLA
@@ -74,7 +73,7 @@ class Trainer:
         self.groups = cfg.algo.batch_size // self.world  # groups this rank rolls out per step
         self._start_ray()
         self.fleet = self._start_fleet()
-        self.loop = EnvLoop(self.fleet, self.engine, self.vla, self.max_chunks)
+        self.loop = EnvLoop(self.fleet, self.engine, self.vla, self.max_chunks, "image_prep" in self.sim_kwargs)
         self.next_specs: list[TaskSpec] | None = None
         self.events: deque[tuple[str, float]] = deque(maxlen=64)  # (what, when): the recent reset/update overlap
 
@@ -97,7 +96,8 @@ class Trainer:
                 f"the Ray cluster has {sim_node_count()}: start them with `ray start --address=<head>:6379 "
                 "--resources='{\"sim\": 1}'` or lower env.disagg_sim.nnodes"
             )
-        return SimFleet(cfg.env.name, env_kwargs(cfg.env), self.groups * cfg.algo.group_size,
+        self.sim_kwargs = self.vla.simulator_kwargs(cfg.env)
+        return SimFleet(cfg.env.name, self.sim_kwargs, self.groups * cfg.algo.group_size,
                         cfg.env.num_workers, cfg.env.sims_per_worker, cfg.env.step_timeout_s,
                         stages=cfg.env.rollout.pipeline_stage_num,
                         max_failures=cfg.env.max_failures, sim_resource=disagg.enable,

@@ -4,7 +4,7 @@
 projector, two datasets' statistics, the real Llama-2 tokenizer files) and the official pipeline's arrays on 6 LIBERO
 cases x 3 chunks, from the raw 256 px observations to the env actions. From those raw observations we reproduce the
 prompt ids exactly, the pixel values bit for bit (the JPEG round trip + Lanczos-3 resize + centre crop are exact
-reimplementations, `models/official_images.py`), the action-bin argmax (the RL decode) and the env actions, with and
+reimplementations, `envs/official_images.py`), the action-bin argmax (the RL decode) and the env actions, with and
 without proprio (the literal official discrete path drops it: `noproprio_*`). Nothing here is read from the fixture
 but inputs and expected outputs: every constant comes from the checkpoint folder.
 """

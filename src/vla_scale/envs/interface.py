@@ -8,17 +8,21 @@ Action conventions:
 - "openvla": OpenVLA / OpenVLA-OFT checkpoints, trained on data whose gripper is in [0, 1] with 1 = open. LIBERO
   wants -1 = open, +1 = close: `oft_gripper_to_libero` (the official `process_action`: 2x - 1, sign, invert).
 
-Numpy only (simulator processes may import it).
+`PreparedImages` wraps an env so that its observations carry the images a policy's towers see (the official resize
+and crop, `official_images.ImagePrep`), made inside the simulator process. Numpy only (simulator processes import
+it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from vla_scale.envs import libero, reach
+from vla_scale.envs.official_images import ImagePrep
+from vla_scale.envs.types import ChunkStep, Env, Observation, TaskSpec
 
 ACTION_CONVENTIONS = ("env", "openvla")
 
@@ -60,3 +64,25 @@ def action_postprocess(name: str, convention: str) -> Callable[[np.ndarray], np.
 
 def _as_float64(actions: np.ndarray) -> np.ndarray:
     return np.array(actions, dtype=np.float64)
+
+
+class PreparedImages:
+    """An env whose observations carry the images a policy's towers see (`ImagePrep`), made inside the simulator
+    process: the fleet then moves 224 px images instead of 256 px ones and the decode loop skips the resize."""
+
+    def __init__(self, env: Env, prep: ImagePrep):
+        self.env, self.prep = env, prep
+
+    def reset(self, task: TaskSpec) -> Observation:
+        return self._prepare(self.env.reset(task))
+
+    def step(self, chunk: np.ndarray) -> ChunkStep:
+        result = self.env.step(chunk)
+        return replace(result, observation=self._prepare(result.observation))
+
+    def close(self) -> None:
+        self.env.close()
+
+    def _prepare(self, obs: Observation) -> Observation:
+        images = {name: self.prep(image) if name in self.prep.cameras else image for name, image in obs.images.items()}
+        return replace(obs, images=images)

@@ -17,11 +17,18 @@ if TYPE_CHECKING:
 ENVS: dict[str, type] = {"reach": ReachEnv, "libero": LiberoEnv}
 
 
-def make_env(name: str, **kwargs: Any) -> Env:
-    """Build the env registered under `name` with its constructor kwargs."""
+def make_env(name: str, image_prep: dict[str, Any] | None = None, **kwargs: Any) -> Env:
+    """Build the env registered under `name` with its constructor kwargs; `image_prep` (an `ImagePrep`'s fields)
+    makes its observations carry the images a policy's towers see."""
     if name not in ENVS:
         raise ValueError(f"unknown env {name!r}; valid choices: {sorted(ENVS)}")
-    return ENVS[name](**kwargs)
+    env = ENVS[name](**kwargs)
+    if image_prep is None:
+        return env
+    from vla_scale.envs.interface import PreparedImages
+    from vla_scale.envs.official_images import ImagePrep
+
+    return PreparedImages(env, ImagePrep(**{**image_prep, "cameras": tuple(image_prep.get("cameras", ()))}))
 
 
 def env_kwargs(env: EnvConfig) -> dict[str, Any]:

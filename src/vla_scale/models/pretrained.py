@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -223,6 +223,19 @@ class PretrainedVLA:
         """The side the env renders at: `env.camera_resolution`, or (0) the policy pipeline's (a checkpoint's
         official evaluation resolution, e.g. LIBERO's 256; else the towers' input size)."""
         return env.camera_resolution or self.spec.camera_resolution or self.spec.towers[0].image_size
+
+    def simulator_kwargs(self, env: EnvConfig) -> dict[str, Any]:
+        """The fleet's env kwargs for `env`: its own, rendered at `camera_resolution(env)`, and, where numpy can do
+        it, the policy's image preparation made inside the simulator processes (`image_prep`; the env loop then
+        takes the images as they come, `EnvLoop(..., images_prepared=True)`)."""
+        from vla_scale.envs.registry import env_kwargs
+
+        side = self.camera_resolution(env)
+        kwargs = env_kwargs(replace(env, camera_resolution=side))
+        prep = self.processor.transform.simulator_prep(side, self.cameras)
+        if prep is not None:
+            kwargs["image_prep"] = asdict(prep)
+        return kwargs
 
     def check_env(self, env: EnvConfig) -> list[str]:
         """Every way the policy does not fit `env` (empty when it fits), each naming the key to change."""

@@ -11,7 +11,7 @@ back to uint8 as TensorFlow does (x * 255.5, truncated); `official_images.centre
 
 Resizing (only when the camera image is not the tower's size): `jpeg_lanczos3` is the official OpenVLA-OFT
 evaluation's (a JPEG round trip, then TensorFlow's Lanczos-3 with antialias, reimplemented in
-`models/official_images.py`), what official checkpoints expect: their LIBERO evaluation renders at 256 and resizes
+`envs/official_images.py`), what official checkpoints expect: their LIBERO evaluation renders at 256 and resizes
 to 224 this way before the crop. `bicubic` is torch's antialiased bicubic, for policies of our own.
 """
 
@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vla_scale.config import ModelConfig
+from vla_scale.envs.official_images import ImagePrep, centre_crop
 from vla_scale.envs.types import Observation
 from vla_scale.models.actions import DatasetStats
-from vla_scale.models.official_images import centre_crop, official_libero_resize
 from vla_scale.models.spec import tower_specs
 from vla_scale.models.tokenizer import TextTokenizer, pad_rows, prompt_text
 from vla_scale.models.vision import ViTSpec
@@ -98,16 +98,19 @@ class ImageTransform:
         exactly the pixels the rollout decoded on without resizing again."""
         batch, n, h, w, _ = images.shape
         size = self.image_size
-        if (h, w) != (size, size) and self.resize == "jpeg_lanczos3":
-            flat = images.reshape(batch * n, h, w, 3)
-            images = np.stack([official_libero_resize(im, size) for im in flat]).reshape(batch, n, size, size, 3)
-            h = w = size
-        if (h, w) != (size, size):
-            x = torch.from_numpy(np.ascontiguousarray(images)).reshape(batch * n, h, w, 3).permute(0, 3, 1, 2)
-            images = resize_uint8(x, size).permute(0, 2, 3, 1).reshape(batch, n, size, size, 3).numpy()
-        if self.center_crop:
-            images = centre_crop(images, self.crop_area)
-        return np.ascontiguousarray(images)
+        prep = self.simulator_prep(h if h == w else -1, ())
+        if prep is not None:  # what the simulator processes do (numpy): the official resize where needed, the crop
+            return prep(images)
+        x = torch.from_numpy(np.ascontiguousarray(images)).reshape(batch * n, h, w, 3).permute(0, 3, 1, 2)
+        images = resize_uint8(x, size).permute(0, 2, 3, 1).reshape(batch, n, size, size, 3).numpy()
+        return centre_crop(images, self.crop_area) if self.center_crop else np.ascontiguousarray(images)
+
+    def simulator_prep(self, camera_resolution: int, cameras: tuple[str, ...]) -> ImagePrep | None:
+        """The same preparation done in numpy inside the simulator processes, where it can be (no resize, or the
+        official one); None where it needs torch (bicubic)."""
+        if camera_resolution != self.image_size and self.resize != "jpeg_lanczos3":
+            return None
+        return ImagePrep(self.image_size, self.center_crop, self.crop_area, tuple(cameras))
 
     def normalize(self, images: np.ndarray) -> Tensor:
         """Prepared images uint8 [B, N, S, S, 3] -> pixel_values float32 [B, N * 3 * towers, S, S]."""
@@ -197,16 +200,17 @@ class Processor:
         images, proprio = self.prepare(observations)
         return self.from_prepared(images, [o.instruction for o in observations], proprio)
 
-    def prepare(self, observations: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
+    def prepare(self, observations: list[Observation], prepared: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The images as the towers see them, uint8 [B, N, S, S, 3] (cameras in order), and the raw proprio [B, d]:
-        what a rollout records, so that `from_prepared` gives the update the rollout's exact inputs."""
+        what a rollout records, so that `from_prepared` gives the update the rollout's exact inputs. `prepared`:
+        the simulators made them already (`simulator_prep`)."""
         missing = [c for c in self.cameras if observations and c not in observations[0].images]
         if missing:
             raise ValueError(f"the policy takes cameras {list(self.cameras)}; the observations have "
                              f"{sorted(observations[0].images)}")
         images = np.stack([np.stack([o.images[c] for c in self.cameras]) for o in observations])
         proprio = np.stack([o.proprio for o in observations])
-        return self.transform.prepare(images), proprio
+        return (images if prepared else self.transform.prepare(images)), proprio
 
     def from_arrays(self, images: np.ndarray, instructions: list[str], proprio: np.ndarray) -> PolicyInputs:
         """Camera images uint8 [B, H, W, 3] or [B, N, H, W, 3]; proprio raw [B, d]."""

@@ -54,7 +54,7 @@ say otherwise (ours record both in their `vla_scale` section)."""
 
 IMAGE_RESIZES = ("bicubic", "jpeg_lanczos3")
 """How camera images reach the towers' size: torch's antialiased bicubic, or the official OpenVLA(-OFT) evaluation's
-JPEG round trip + Lanczos-3 with antialias (`models/official_images.py`), what its RLDS training images went through."""
+JPEG round trip + Lanczos-3 with antialias (`envs/official_images.py`), what its RLDS training images went through."""
 
 VISION_BACKBONES: dict[str, tuple[list[str], int, list[str | None]]] = {
     "clip-vit-l": (["vit_large_patch14_clip_224.openai"], 224, ["quick_gelu"]),

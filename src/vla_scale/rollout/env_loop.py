@@ -84,12 +84,14 @@ class LoopStats:
 
 
 class EnvLoop:
-    """`vla` supplies the inputs (its processor) and the env's action post-processing; `engine` decodes."""
+    """`vla` supplies the inputs (its processor) and the env's action post-processing; `engine` decodes.
+    `images_prepared`: the simulators already make the images the towers see (`PretrainedVLA.simulator_kwargs`)."""
 
-    def __init__(self, fleet: SimFleet, engine: RolloutEngine, vla: PretrainedVLA, max_chunks: int):
+    def __init__(self, fleet: SimFleet, engine: RolloutEngine, vla: PretrainedVLA, max_chunks: int,
+                 images_prepared: bool = False):
         self.fleet, self.engine, self.vla = fleet, engine, vla
         self.processor = vla.processor
-        self.max_chunks = max_chunks
+        self.max_chunks, self.images_prepared = max_chunks, images_prepared
         self.stage = fleet.stage_of()
         self._prefetched: list[TaskSpec] | None = None
         self.stats = LoopStats()
@@ -177,7 +179,7 @@ class EnvLoop:
     def _decode_and_send(self, todo, s, trajs, observations, chunks_done, temperature, greedy) -> None:
         t0 = time.perf_counter()
         batch = [observations[i] for i in todo]
-        images, proprio = self.processor.prepare(batch)
+        images, proprio = self.processor.prepare(batch, self.images_prepared)
         inputs = self.processor.from_prepared(images, [o.instruction for o in batch], proprio)
         decoded = self.engine.decode(inputs, temperature, greedy)
         self.stats.decode_s += time.perf_counter() - t0

@@ -47,6 +47,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import io
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -150,9 +151,12 @@ def _gather(image: np.ndarray, axis: int, starts: np.ndarray, weights: np.ndarra
     out_shape = list(image.shape)
     out_shape[axis] = len(starts)
     out = np.zeros(out_shape, dtype=_F32)
+    term = np.empty(out_shape, dtype=_F32)
     for k in range(weights.shape[1]):
         index = np.minimum(starts + k, size - 1)  # past the border the weight is 0
-        out += weights[:, k].reshape(shape) * np.take(image, index, axis=axis)
+        np.take(image, index, axis=axis, out=term)
+        term *= weights[:, k].reshape(shape)
+        out += term
     return out
 
 
@@ -227,3 +231,21 @@ def _crop_axis(lo: np.float32, side: np.float32, size: int) -> tuple[np.ndarray,
     low = np.floor(points).astype(np.int64)
     high = np.minimum(np.ceil(points).astype(np.int64), size - 1)
     return low, high, (points - low).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class ImagePrep:
+    """Camera frames -> the images a policy's towers see, in numpy: the official resize (when a frame is not `size`
+    already) and the centre crop. Simulator processes apply it to `cameras` before the images leave them
+    (`envs/interface.py: PreparedImages`), so the trainer's decode loop only normalises."""
+
+    size: int
+    center_crop: bool = False
+    crop_area: float = 0.9
+    cameras: tuple[str, ...] = ()
+
+    def __call__(self, image: np.ndarray) -> np.ndarray:
+        """uint8 [..., H, W, 3] -> uint8 [..., size, size, 3]."""
+        if image.shape[-3:-1] != (self.size, self.size):
+            image = official_libero_resize(image, self.size)
+        return centre_crop(image, self.crop_area) if self.center_crop else np.ascontiguousarray(image)
