@@ -10,7 +10,7 @@ Fidelity to the official OpenVLA-OFT LIBERO evaluation (`run_libero_eval.py`):
   for a few steps (OFT waits 10). Settle steps do not count against the step limit and their success is ignored;
 - step limits default to OFT's (`OFT_MAX_STEPS`); SimpleVLA-RL trained and evaluated with 512 (`SIMPLEVLA_MAX_STEPS`);
 - images are rotated by 180 degrees (`img[::-1, ::-1]`) as OFT does to match its training data; proprio is
-  [eef xyz, eef axis-angle, 2 gripper joints] (8-D);
+  [eef xyz, eef axis-angle, 2 gripper joints] (8-D, float64 as OFT's `prepare_observation` builds it);
 - success is LIBERO's own predicate (`done` of `env.step`, i.e. the BDDL goal holds).
 
 Fixtures (cabinets, stoves, racks) are placed by LIBERO's sampler at every reset from numpy's global RNG; the init
@@ -35,11 +35,14 @@ state does not hold them (they have no joints), so they are where that reset's d
 Differences that change no physics:
 - Resets are soft (the sim is reset, not rebuilt from XML; the robot's gripper action state is cleared as a rebuild
   would): the same observations as a hard reset, 0.3-1 s instead of 2-3 s. `hard_reset=True` rebuilds as LIBERO does.
-- Camera images are rendered only where the policy sees them (after reset and at the end of each chunk), not at
-  every env step; physics does not depend on rendering. They show the sim at the end of the chunk's last env step;
-  the official observation (its images, and the proprio we take from it) is sampled by robosuite's 20 Hz observables
-  after 24 of that step's 25 physics substeps. Against the official images: ~0.05 intensity levels mean after
-  settling, 1-2 levels mean on the wrist camera while the arm moves.
+- Camera images are rendered only where the policy sees them, not at every env step; physics does not depend on
+  rendering. robosuite samples an observation (images and proprio) on its observables' 20 Hz timers, after 24 of an
+  env step's 25 physics substeps. Its camera observables are off except during the steps whose observation is
+  returned: the last settle step of a reset and the last step of each chunk (or the step that reaches the step
+  limit). For those they are turned on with the timer state of the proprio observables, so the observation is
+  robosuite's own, images included, as the official loop sees it (tested bit for bit against the official
+  pipeline). A chunk that ends early at success returns images rendered at the end of its last step (one substep,
+  2 ms, after its proprio was sampled): that observation only ends the episode.
 
 Actions are LIBERO's: 7-D, [dx, dy, dz, droll, dpitch, dyaw] of the OSC_POSE controller in [-1, 1] and the gripper
 (-1 open, +1 close). A policy trained on OpenVLA-style data outputs the gripper in [0, 1] with 1 = open:
@@ -82,6 +85,8 @@ ACTION_DIM = 7
 PROPRIO_DIM = 8
 CAMERAS = {"agentview": "agentview", "wrist": "robot0_eye_in_hand"}
 """Our camera name -> LIBERO's camera name."""
+CLOCK_OBSERVABLE = "robot0_eef_pos"
+"""The proprio observable whose sampling timer the camera observables copy on the steps they are on."""
 NOOP_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
 SCENES = ("per_episode", "official")
 """How a reset places the fixtures: `LiberoEnv`'s `scenes` (the module docstring says what each gives)."""
@@ -283,8 +288,11 @@ class LiberoEnv:
         res = self.camera_resolution
         self._env = OffScreenRenderEnv(bddl_file_name=str(bddl), camera_heights=res, camera_widths=res,
                                        hard_reset=self.hard_reset, ignore_done=True)
-        for camera in CAMERAS.values():  # rendered on demand in _render(), not at every env step
-            self._env.env.modify_observable(f"{camera}_image", "enabled", False)
+        observables = self._env.env._observables
+        for camera in CAMERAS.values():  # on only for the steps whose observation the policy sees (_env_step)
+            observables[f"{camera}_image"].set_enabled(False)
+            if observables[f"{camera}_image"]._sampling_timestep != observables[CLOCK_OBSERVABLE]._sampling_timestep:
+                raise ValueError(f"camera {camera!r} is sampled at another rate than {CLOCK_OBSERVABLE!r}")
         import robosuite.macros
         from robosuite.utils.mjcf_utils import IMAGE_CONVENTION_MAPPING
 
@@ -320,9 +328,9 @@ class LiberoEnv:
             release_compiler_memory()
         gripper = env.env.robots[0].gripper
         gripper.current_action = np.zeros(gripper.dof)  # a soft reset keeps it; a rebuilt gripper starts at zeros
-        obs = env.set_init_state(states[task.init_state_id])
-        for _ in range(self.settle_steps):
-            obs, _, _, _ = env.step(list(NOOP_ACTION))
+        obs = env.set_init_state(states[task.init_state_id])  # no settle steps: _observe renders this state
+        for i in range(self.settle_steps):
+            obs, _ = self._env_step(list(NOOP_ACTION), observe=i == self.settle_steps - 1)
         self._task = task
         self._limit = self.max_steps or OFT_MAX_STEPS[task.suite]
         self._steps = 0
@@ -383,26 +391,63 @@ class LiberoEnv:
             raise ValueError(f"chunk must have shape [T >= 1, {ACTION_DIM}], got {chunk.shape}")
         success, taken, obs = False, 0, {}
         for action in chunk:
-            obs, _, done, _ = self._env.step(action.tolist())
+            last = taken == len(chunk) - 1 or self._steps + 1 >= self._limit
+            obs, success = self._env_step(action.tolist(), observe=last)
             self._steps += 1
             taken += 1
-            success = bool(done)
             if success or self._steps >= self._limit:
                 self._done = True
                 break
         info = {"episode_steps": self._steps, "step_limit": self._limit}
         return ChunkStep(self._observe(obs), float(success), self._done, success, taken, info)
 
+    def _env_step(self, action: list[float], observe: bool) -> tuple[dict[str, np.ndarray], bool]:
+        """One env step: its observation and LIBERO's success. `observe`: the observation holds the camera images,
+        sampled as robosuite samples them when its camera observables are on (the policy sees this observation).
+
+        robosuite samples each observable once per sampling period, at the substep its timer says; the camera
+        observables are turned on with the timer state of the proprio's, so they sample at the same substep, once.
+        They are turned off again after the step (every other step, and a reset's forced update, renders nothing).
+        """
+        if not observe:
+            obs, _, done, _ = self._env.step(action)
+            return obs, bool(done)
+        observables = self._env.env._observables
+        clock = observables[CLOCK_OBSERVABLE]
+        cameras = [observables[f"{camera}_image"] for camera in CAMERAS.values()]
+        placeholders = []
+        for camera in cameras:
+            camera.set_enabled(True)  # restarts its timer
+            camera._time_since_last_sample = clock._time_since_last_sample
+            camera._sampled = clock._sampled
+            camera._current_delay = clock._current_delay
+            placeholders.append(camera._current_observed_value)
+        try:
+            obs, _, done, _ = self._env.step(action)
+        finally:
+            for camera in cameras:
+                camera.set_enabled(False)
+        for camera, placeholder in zip(cameras, placeholders, strict=True):
+            if camera._current_observed_value is placeholder:  # not sampled in this step: _observe renders it
+                obs.pop(camera.name, None)
+        return obs, bool(done)
+
     def _observe(self, obs: dict[str, np.ndarray]) -> Observation:
+        """The policy's view of a robosuite observation: its camera images rotated by 180 degrees (those it lacks
+        rendered from the sim now) and the 8-D proprio, float64 as OFT's `prepare_observation` builds it."""
         assert self._task is not None
         proprio = np.concatenate([obs["robot0_eef_pos"], quat_to_axis_angle(obs["robot0_eef_quat"]),
-                                  obs["robot0_gripper_qpos"]]).astype(np.float32)
-        images = {name: self._render(camera) for name, camera in CAMERAS.items()}
+                                  obs["robot0_gripper_qpos"]]).astype(np.float64)
+        images = {}
+        for name, camera in CAMERAS.items():
+            image = obs.get(f"{camera}_image")
+            images[name] = np.ascontiguousarray(image[::-1, ::-1]) if image is not None else self._render(camera)
         instruction = task_language(task_names(self._task.suite)[self._task.task_id])
         return Observation(images=images, proprio=proprio, instruction=instruction)
 
     def _render(self, camera: str) -> np.ndarray:
-        """One camera image as the policy sees it: robosuite's camera image rotated by 180 degrees, as OFT does."""
+        """One camera image of the sim as it is now, as the policy sees it: what robosuite's camera observable would
+        return, rotated by 180 degrees as OFT does."""
         res = self.camera_resolution
         raw = self._env.env.sim.render(width=res, height=res, camera_name=camera)
         image = raw[:: self._convention]  # what robosuite's camera observable returns

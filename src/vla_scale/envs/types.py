@@ -26,7 +26,7 @@ class Observation:
     """What the policy sees after a reset or a chunk of actions."""
 
     images: dict[str, np.ndarray]  # camera name -> uint8[H, W, 3]
-    proprio: np.ndarray  # float32[d]
+    proprio: np.ndarray  # float32[d] or float64[d], as the env gives it (LIBERO: float64, as OFT builds it)
     instruction: str
 
 
@@ -70,7 +70,7 @@ class SlotBatch:
     size: int
     index: np.ndarray  # int64[k]
     images: dict[str, np.ndarray]  # camera -> uint8[k, H, W, 3]
-    proprio: np.ndarray  # float32[k, d]
+    proprio: np.ndarray  # float32[k, d] or float64[k, d]: the envs' proprio dtype, carried through
     instructions: list[str]
     reward: np.ndarray  # float64[k]
     done: np.ndarray  # bool[k]
