@@ -232,7 +232,9 @@ def micro_batch(cfg: ModelConfig, vla: PretrainedVLA, batch: int, seed: int):
     k = cfg.chunk_len * cfg.action_dim
     tokens = torch.from_numpy(rng.integers(0, cfg.n_bins, (batch, k)))
     advantages = torch.from_numpy(rng.choice([-1.0, 1.0], batch).astype(np.float32))
-    return inputs, tokens, torch.full((batch, k), -np.log(cfg.n_bins), dtype=torch.float32), advantages
+    mask = torch.ones(batch, k, dtype=torch.bool)
+    return (inputs, tokens, torch.full((batch, k), -np.log(cfg.n_bins), dtype=torch.float32), advantages, mask,
+            mask.float() / mask.numel())
 
 
 def matmul_rate(device: torch.device) -> float:

@@ -61,12 +61,12 @@ def main(dict_cfg: DictConfig) -> float:
     from vla_scale.trainer import Trainer
 
     cfg = to_config(dict_cfg)
-    try:
+    run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
+    try:  # the configuration, the policy against the env, a resumed run's checkpoint: before anything starts
         validate(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+        trainer = Trainer(cfg, run_dir)
     except ConfigError as err:
         sys.exit(f"error: {err}")
-    run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
-    trainer = Trainer(cfg, run_dir)
     if trainer.rank == 0:
         print(f"run directory: {run_dir}\ntensorboard:   tensorboard --logdir {os.path.join(run_dir, 'tb')}\n"
               f"policy:        {trainer.vla.describe(trainer.cfg.env)}", flush=True)

@@ -50,6 +50,9 @@ def test_two_steps_write_every_promised_scalar(tmp_path):
     assert [s for s, _ in scalars["train/policy_loss"]] == [1, 2]
     assert [s for s, _ in scalars["eval/success_rate"]] == [0, 1, 2]
     assert [v for _, v in scalars["sync/version"]] == [1, 2]
+    # the rollout <-> actor mismatch before each update: CPU float32 computes the same function on both sides
+    for tag in ("train/mismatch_abs_log_ratio", "train/mismatch_approx_kl", "train/mismatch_outside_clip"):
+        assert [s for s, _ in scalars[tag]] == [1, 2] and all(abs(v) < 1e-5 for _, v in scalars[tag]), tag
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +84,18 @@ def test_colocated_memory_options_train_the_same(tmp_path, whole_run):
     for tag in ["train/success_rate", "train/policy_loss", "train/grad_norm", "eval/success_rate"]:
         assert a[tag] == b[tag], tag
     assert [s for s, _ in read_text_tags(str(tmp_path / "tb"))["sync/checksum"]] == [0, 2]  # every 2nd sync
+
+
+@pytest.mark.slow
+def test_resume_with_another_model_or_algorithm_is_refused_before_anything_starts(tmp_path, whole_run):
+    env = script_env()
+    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), *TINY, "steps=4", "resume=true",
+                           f"run_dir={whole_run}", "model.hidden_size=48", "algo.lr=1e-5"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stderr + proc.stdout
+    assert proc.returncode != 0, out[-3000:]
+    assert "model.hidden_size=48 but the run trained with 32" in out and "algo.lr=1e-05" in out
+    assert "Started a local Ray instance" not in out
 
 
 @pytest.mark.slow

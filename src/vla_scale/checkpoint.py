@@ -106,3 +106,47 @@ def mark_latest(run_dir: str, tag: str) -> None:
     with open(tmp, "w") as f:
         f.write(tag)
     os.replace(tmp, os.path.join(checkpoint_root(run_dir), "latest"))
+
+
+RUN_CONFIG = "run_config.json"
+"""Beside each checkpoint's trainer state: the model and algorithm it was trained with and its number of ranks."""
+
+
+def write_run_config(directory: str, model: Any, algo: Any, ranks: int) -> None:
+    """What a resumed run must match (`resume_problems`); dataclasses as plain JSON."""
+    data = {"model": dataclasses.asdict(model), "algo": dataclasses.asdict(algo), "ranks": ranks}
+    with open(os.path.join(directory, RUN_CONFIG), "w") as f:
+        json.dump(data, f, indent=1)
+
+
+def resume_problems(run_dir: str, model: Any, algo: Any, ranks: int) -> list[str]:
+    """Why `run_dir` cannot be resumed with this model, algorithm and number of ranks (empty when it can): no
+    checkpoint, a `latest` naming a missing step, or any model / algo field or the rank count differing from what
+    the run trained with. `model.checkpoint` (where the initial weights came from) may move."""
+    root = checkpoint_root(run_dir)
+    tag = latest_tag(run_dir)
+    if tag is None:
+        return [f"resume=true but {root} has no checkpoint: point run_dir at a run that saved one, or drop resume=true"]
+    if not os.path.isdir(os.path.join(root, tag)):
+        return [f"{os.path.join(root, 'latest')} names {tag!r}, which is not in {root}: restore it or point latest "
+                "at a step that exists"]
+    path = os.path.join(root, tag, RUN_CONFIG)
+    if not os.path.exists(path):
+        return []  # saved before run configs were recorded: nothing to compare
+    with open(path) as f:
+        saved = json.load(f)
+    problems = []
+    for group, now in (("model", dataclasses.asdict(model)), ("algo", dataclasses.asdict(algo))):
+        for key, value in now.items():
+            if key != "checkpoint" and key in saved[group] and saved[group][key] != _plain(value):
+                problems.append(f"{group}.{key}={_plain(value)!r} but the run trained with {saved[group][key]!r}: "
+                                f"resume with {group}.{key}={saved[group][key]!r}, or start a new run_dir")
+    if saved["ranks"] != ranks:
+        problems.append(f"the run trained on {saved['ranks']} rank(s), this command has {ranks}: resume with the "
+                        "same number of ranks")
+    return problems
+
+
+def _plain(value: Any) -> Any:
+    """A value as JSON gives it back (tuples become lists)."""
+    return json.loads(json.dumps(value))

@@ -177,6 +177,10 @@ class AlgoConfig:
     """Optimizer updates per RL step; the step's samples are split into this many mini-batches."""
     micro_batches: int = 2
     """Gradient-accumulation micro-batches per mini-batch."""
+    loss_agg: str = "token_mean"
+    """How a mini-batch's token objectives make its loss: token_mean (every valid token weighs the same) or
+    trajectory_mean (each episode's token mean, then the mean over episodes, as SimpleVLA-RL and RLinf do; mini-batches
+    then hold whole episodes)."""
 
 
 @dataclass
@@ -325,6 +329,10 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
         problems.append(
             f"algo.batch_size={a.batch_size} must divide over the {world_size} ranks (whole groups per rank)"
         )
+    from vla_scale.algo.grpo import LOSS_AGGREGATIONS
+
+    if a.loss_agg not in LOSS_AGGREGATIONS:
+        problems.append(f"algo.loss_agg={a.loss_agg!r} is not a loss aggregation; choose one of {LOSS_AGGREGATIONS}")
     if a.group_size < 2:
         problems.append(f"algo.group_size={a.group_size} must be >= 2: GRPO normalises within a group")
     if not 0.0 <= a.filter_low <= a.filter_high <= 1.0:

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from vla_scale import checkpoint
-from vla_scale.algo import group_advantages, group_success_filter
-from vla_scale.config import Config, as_yaml, validate
+from vla_scale.algo import executed_action_mask, group_advantages, group_success_filter, token_weights
+from vla_scale.config import Config, ConfigError, as_yaml, validate
 from vla_scale.envs.types import TaskSpec
 from vla_scale.logging import RunLogger, progress
 from vla_scale.models import PretrainedVLA
@@ -60,6 +60,10 @@ class Trainer:
         self.vla = PretrainedVLA.for_env(cfg.model, cfg.env)
         self.cfg = cfg = resolved_config(cfg, self.vla)
         self.run_dir = run_dir
+        if cfg.resume:  # before anything starts: the run must be resumable with this configuration
+            problems = checkpoint.resume_problems(run_dir, cfg.model, cfg.algo, self.world)
+            if problems:
+                raise ConfigError("cannot resume " + run_dir + ":\n  - " + "\n  - ".join(problems))
         self.max_chunks = -(-cfg.env.max_steps // cfg.model.chunk_len)
         self.log = RunLogger(run_dir, self.rank)
         self.tokenizer, self.processor = self.vla.tokenizer, self.vla.processor
@@ -198,24 +202,46 @@ class Trainer:
             return {"skipped_update": 1.0}
         trajs = [t for group in batch.groups for t in group]
         adv = group_advantages(torch.tensor([t.reward for t in trajs]), [t.uid for t in trajs])
-        rows = [(traj, k, adv[i].item()) for i, traj in enumerate(trajs) for k in range(len(traj))]
-        order = torch.randperm(len(rows)).tolist()
         totals: dict[str, float] = {}
-        minis = np.array_split(np.array(order), a.mini_batches)
+        minis = self._mini_batches(trajs)
+        mismatch: dict[str, float] = {}
         for mini in minis:
-            micro = [self._micro_batch([rows[j] for j in part]) for part in np.array_split(mini, a.micro_batches)]
+            rows = [(trajs[e], k, adv[e].item(), e) for e, k in mini]
+            mask = executed_action_mask(torch.tensor([t.executed[k] for t, k, _, _ in rows]), self.cfg.model.chunk_len,
+                                        self.cfg.model.action_dim)
+            weights = token_weights(mask, torch.tensor([e for *_, e in rows]), a.loss_agg).float()
+            parts = np.array_split(np.arange(len(rows)), a.micro_batches)
+            micro = [self._micro_batch([rows[j] for j in part], mask[part], weights[part]) for part in parts]
             for key, value in self.actor.update(micro).items():
-                totals[key] = totals.get(key, 0.0) + value / len(minis)
-        totals["samples"] = float(len(rows))
+                if key.startswith("mismatch_"):  # the first micro-batch, before any optimizer step of this RL step
+                    mismatch.setdefault(key, value)
+                else:
+                    totals[key] = totals.get(key, 0.0) + value / len(minis)
+        totals.update(mismatch)
+        totals["samples"] = float(sum(len(t) for t in trajs))
         return totals
 
-    def _micro_batch(self, rows: list[tuple[Trajectory, int, float]]):
-        images = np.stack([t.images[k] for t, k, _ in rows])
-        proprio = np.stack([t.proprio[k] for t, k, _ in rows])
-        inputs: PolicyInputs = self.processor.from_prepared(images, [t.instruction for t, _, _ in rows], proprio)
-        tokens = torch.from_numpy(np.stack([t.tokens[k] for t, k, _ in rows]))
-        old = torch.from_numpy(np.stack([t.logprobs[k] for t, k, _ in rows]))
-        return inputs, tokens, old, torch.tensor([a for _, _, a in rows], dtype=torch.float32)
+    def _mini_batches(self, trajs: list[Trajectory]) -> list[list[tuple[int, int]]]:
+        """(episode, chunk step) pairs of each mini-batch, shuffled: token_mean splits the shuffled chunk steps of
+        the whole batch; trajectory_mean splits shuffled episodes, so a mini-batch holds whole episodes."""
+        a = self.cfg.algo
+        steps = [(e, k) for e, traj in enumerate(trajs) for k in range(len(traj))]
+        if a.loss_agg == "token_mean":
+            order = torch.randperm(len(steps)).tolist()
+            return [[steps[j] for j in part] for part in np.array_split(np.array(order), a.mini_batches)]
+        minis = []
+        for part in np.array_split(np.array(torch.randperm(len(trajs)).tolist()), a.mini_batches):
+            mine = [(e, k) for e in part.tolist() for k in range(len(trajs[e]))]
+            minis.append([mine[j] for j in torch.randperm(len(mine)).tolist()])
+        return minis
+
+    def _micro_batch(self, rows: list[tuple[Trajectory, int, float, int]], mask: torch.Tensor, weights: torch.Tensor):
+        images = np.stack([t.images[k] for t, k, _, _ in rows])
+        proprio = np.stack([t.proprio[k] for t, k, _, _ in rows])
+        inputs: PolicyInputs = self.processor.from_prepared(images, [t.instruction for t, *_ in rows], proprio)
+        tokens = torch.from_numpy(np.stack([t.tokens[k] for t, k, _, _ in rows]))
+        old = torch.from_numpy(np.stack([t.logprobs[k] for t, k, _, _ in rows]))
+        return inputs, tokens, old, torch.tensor([a for _, _, a, _ in rows], dtype=torch.float32), mask, weights
 
     def sync(self, version: int) -> SyncReport:
         """Actor -> engine in buckets; every rank's engine must hold the actor's exact weights (checksum logged).
@@ -274,6 +300,8 @@ class Trainer:
         if self.cfg.deepspeed.offload_states_during_rollout:
             self.actor.offload_states()
         checkpoint.write_trainer_state(os.path.join(root, tag), self.rank, state)
+        if self.rank == 0:
+            checkpoint.write_run_config(os.path.join(root, tag), self.cfg.model, self.cfg.algo, self.world)
         path = os.path.join(root, tag, "model.safetensors")
         checkpoint.save_weights(self.actor.policy, path, self.cfg.deepspeed.sync_bucket_mb, self.rank == 0)
         if self.rank == 0:

@@ -10,11 +10,13 @@ import torch
 from vla_scale.algo import (
     GroupStats,
     clipped_policy_loss,
+    executed_action_mask,
     group_advantages,
     group_success_filter,
     logprobs_from_logits,
     summarize_groups,
     token_entropy,
+    token_weights,
     valid_step_mask,
 )
 
@@ -297,3 +299,54 @@ def test_entropy_matches_categorical_and_handles_neg_inf():
     assert_close(h, torch.tensor([math.log(2), 0.0]), atol=1e-6, rtol=0)
     h.sum().backward()
     assert torch.isfinite(masked.grad).all()
+
+
+# ---------------------------------------------------------------- per-action mask and loss aggregation
+
+
+def test_executed_action_mask_keeps_the_tokens_of_the_actions_that_ran():
+    """Chunk of 3 actions x 2 dims; token 2i + j is action i. An episode that stopped after 1 action keeps 2 tokens."""
+    mask = executed_action_mask(torch.tensor([3, 1, 0, 2]), chunk_len=3, action_dim=2)
+    assert mask.tolist() == [[True] * 6, [True, True, False, False, False, False], [False] * 6,
+                             [True, True, True, True, False, False]]
+    with pytest.raises(ValueError, match=r"\[0, 3\]"):
+        executed_action_mask(torch.tensor([4]), chunk_len=3, action_dim=2)
+
+
+def _ragged_batch():
+    """Episode 0: 2 chunk steps of 4 valid tokens + 1 of 1; episode 1: one step of 2 valid tokens (L = 4)."""
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    return mask, torch.tensor([0, 0, 0, 1])
+
+
+def test_token_weights_by_hand_for_ragged_episodes():
+    mask, episode = _ragged_batch()
+    token = token_weights(mask, episode, "token_mean")
+    assert_close(token, mask.double() / 11)  # 11 valid tokens, each 1/11
+    traj = token_weights(mask, episode, "trajectory_mean")
+    # episode 0 has 9 valid tokens, episode 1 has 2; two episodes: 1/(2*9) and 1/(2*2)
+    expected = torch.tensor([[1 / 18] * 4, [1 / 18] * 4, [1 / 18, 0, 0, 0], [1 / 4, 1 / 4, 0, 0]], dtype=torch.float64)
+    assert_close(traj, expected, atol=1e-12, rtol=0)
+    for weights in (token, traj):
+        assert abs(float(weights.sum()) - 1.0) < 1e-12
+    with pytest.raises(ValueError, match="loss aggregation"):
+        token_weights(mask, episode, "seq_mean")
+
+
+def test_weighted_loss_over_micro_batches_is_the_hand_computed_aggregate():
+    """ratio 1 everywhere (new = old), so each valid token's objective is its row's advantage; summing the weighted
+    losses of any split into micro-batches gives -(sum over episodes of A_e / E) for trajectory_mean and
+    -(sum over tokens of A / N) for token_mean."""
+    mask, episode = _ragged_batch()
+    adv = torch.tensor([1.0, 1.0, 1.0, -2.0])  # episode 0: +1, episode 1: -2
+    logp = torch.full((4, 4), -1.0)
+    expected = {"token_mean": -(9 * 1.0 + 2 * -2.0) / 11, "trajectory_mean": -(1.0 + -2.0) / 2}
+    for aggregation, value in expected.items():
+        weights = token_weights(mask, episode, aggregation).float()
+        for split in ([[0, 1, 2, 3]], [[0, 1], [2, 3]], [[3], [0, 2], [1]]):
+            total = sum(clipped_policy_loss(logp[s], logp[s], adv[s], mask[s], weights=weights[s])[0].item()
+                        for s in split)
+            assert abs(total - value) < 1e-6, (aggregation, split, total, value)
+    # without weights: the token mean over whatever one call gets
+    loss, _ = clipped_policy_loss(logp, logp, adv, mask)
+    assert abs(loss.item() - expected["token_mean"]) < 1e-6

@@ -30,7 +30,9 @@ def _micro_batches(seed: int):
     rng = np.random.default_rng(seed)
     k = CFG.chunk_len * 7
     tokens = torch.from_numpy(rng.integers(0, 256, (4, k)))
-    return [(_batch(seed), tokens, torch.full((4, k), -5.5), torch.tensor([1.0, -1.0, 0.5, -0.5]))]
+    mask = torch.ones(4, k, dtype=torch.bool)
+    return [(_batch(seed), tokens, torch.full((4, k), -5.5), torch.tensor([1.0, -1.0, 0.5, -0.5]), mask,
+             mask.float() / mask.numel())]
 
 
 def _train(ds: DeepSpeedConfig, offload_between_updates: bool = False) -> tuple[list[dict], str, Actor]:

@@ -79,3 +79,26 @@ def test_greedy_rollouts_repeat_exactly(setup):
     for x, y in zip(a, b, strict=True):
         assert x.success == y.success and x.env_steps == y.env_steps
         np.testing.assert_array_equal(np.stack(x.tokens), np.stack(y.tokens))
+
+
+def test_each_chunk_records_how_many_of_its_actions_ran(ray_session):
+    """A step limit inside a chunk (10 steps, chunks of 4): the last chunk ran 2 actions, and only their tokens will
+    enter the loss (`executed_action_mask`)."""
+    from vla_scale.algo import executed_action_mask
+
+    fleet = SimFleet("reach", {"camera_resolution": 32, "max_steps": 10}, size=2, num_workers=1, sims_per_worker=2,
+                     timeout_s=60, in_process=True)
+    try:
+        vla = PretrainedVLA.from_config(CFG, instructions())
+        torch.manual_seed(0)
+        trajs = EnvLoop(fleet, RolloutEngine(vla.policy, seed=1), vla, max_chunks=3).run(
+            [TaskSpec("reach", 0, 1), TaskSpec("reach", 1, 2)], ["a", "b"], temperature=1.0)
+    finally:
+        fleet.close()
+    for t in trajs:
+        assert len(t.executed) == len(t) and sum(t.executed) == t.env_steps
+        assert all(n == CFG.chunk_len for n in t.executed[:-1])
+        if not t.success:
+            assert t.executed == [4, 4, 2]
+            mask = executed_action_mask(torch.tensor(t.executed), CFG.chunk_len, CFG.action_dim)
+            assert mask.sum(dim=1).tolist() == [28, 28, 14]

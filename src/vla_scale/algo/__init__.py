@@ -1,23 +1,29 @@
-"""GRPO: group advantages, dynamic-sampling filter, valid-step mask, clipped policy loss, log-prob helpers."""
+"""GRPO: group advantages, dynamic-sampling filter, loss masks and weights, clipped policy loss, log-prob helpers."""
 
 from vla_scale.algo.grpo import (
+    LOSS_AGGREGATIONS,
     GroupStats,
     clipped_policy_loss,
+    executed_action_mask,
     group_advantages,
     group_success_filter,
     logprobs_from_logits,
     summarize_groups,
     token_entropy,
+    token_weights,
     valid_step_mask,
 )
 
 __all__ = [
+    "LOSS_AGGREGATIONS",
     "GroupStats",
     "clipped_policy_loss",
+    "executed_action_mask",
     "group_advantages",
     "group_success_filter",
     "logprobs_from_logits",
     "summarize_groups",
     "token_entropy",
+    "token_weights",
     "valid_step_mask",
 ]

@@ -151,6 +151,50 @@ def valid_step_mask(success: Tensor, executed: Tensor | None = None) -> Tensor:
     return ran & (successes_before == 0)
 
 
+LOSS_AGGREGATIONS = ("token_mean", "trajectory_mean")
+"""How a mini-batch's token objectives are averaged into its loss (`token_weights`)."""
+
+
+def executed_action_mask(executed: Tensor, chunk_len: int, action_dim: int) -> Tensor:
+    """Tokens of the actions a chunk step really ran; bool [M, chunk_len * action_dim] for `executed` [M].
+
+    A chunk's token 7i + j belongs to its action i (OFT's order: step-major), so it counts when i < executed. An
+    episode stops inside a chunk at its first success or at the step limit: the actions after that never reached the
+    env, so their tokens carry no credit for the reward and stay out of the loss.
+    """
+    if executed.dim() != 1:
+        raise ValueError(f"executed must be [M], got shape {tuple(executed.shape)}")
+    if bool(((executed < 0) | (executed > chunk_len)).any()):
+        raise ValueError(f"executed actions must lie in [0, {chunk_len}], got {executed.tolist()}")
+    action = torch.arange(chunk_len * action_dim, device=executed.device) // action_dim
+    return action.unsqueeze(0) < executed.long().unsqueeze(1)
+
+
+def token_weights(mask: Tensor, trajectory: Tensor, aggregation: str) -> Tensor:
+    """Per-token weights float64 [M, L] of one mini-batch's loss, summing to 1 over its valid tokens.
+
+    `mask` bool [M, L]: valid tokens of each row (a chunk step); `trajectory` [M]: which episode each row belongs to.
+    - "token_mean": every valid token of the mini-batch weighs the same, 1 / |valid|. Long episodes (failures run to
+      the step limit) then weigh more than short ones.
+    - "trajectory_mean": the mean over the mini-batch's episodes of each episode's token mean (SimpleVLA-RL's and
+      RLinf's aggregation): a token of episode e weighs 1 / (E * |valid_e|), whatever the episode's length. The
+      mini-batch must hold whole episodes for this to mean what it says.
+    The weights do not depend on how the mini-batch is split into micro-batches: each micro-batch's loss is the sum
+    of its tokens' weighted objectives, and the mini-batch's loss is the sum of those.
+    """
+    if aggregation not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {aggregation!r}; choose one of {LOSS_AGGREGATIONS}")
+    if mask.dim() != 2 or trajectory.shape != mask.shape[:1]:
+        raise ValueError(f"need mask [M, L] and trajectory [M], got {tuple(mask.shape)} and {tuple(trajectory.shape)}")
+    valid = mask.bool().to(torch.float64)
+    if aggregation == "token_mean":
+        return valid / valid.sum().clamp(min=1)
+    index, n = _group_index(trajectory, trajectory.shape[0], mask.device)
+    per_episode = _group_sums(valid.sum(dim=1), index, n)
+    episodes = (per_episode > 0).sum().clamp(min=1)
+    return valid / (per_episode[index].clamp(min=1) * episodes).unsqueeze(1)
+
+
 def _check_loss_shapes(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> None:
     if logprobs.dim() != 2 or old_logprobs.shape != logprobs.shape:
         raise ValueError(
@@ -169,6 +213,7 @@ def clipped_policy_loss(
     mask: Tensor,
     clip_low: float = 0.2,
     clip_high: float = 0.28,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Token-level PPO clipped surrogate with clip-higher; returns (scalar loss, metrics).
 
@@ -178,14 +223,17 @@ def clipped_policy_loss(
     weighs the same whatever the length of its row. The upper clip is wider than the lower one ("clip-higher", DAPO)
     so that low-probability tokens with positive advantage can still gain probability, which keeps entropy up.
 
-    ``mask`` is [M, L] or [M] (one flag per row). Masked tokens get log-ratio 0 before the exp, so inf / NaN there
-    cannot leak into the loss or its gradient. With no valid token the loss is a sum of masked zeros: finite, 0, and
-    still connected to ``logprobs`` (zero gradient), so backward() runs on every rank.
+    ``weights`` [M, L] replace the token mean by Σ_t w_t·objective_t (from `token_weights`, which spreads a whole
+    mini-batch's weights over its micro-batches). ``mask`` is [M, L] or [M] (one flag per row). Masked tokens get
+    log-ratio 0 before the exp, so inf / NaN there cannot leak into the loss or its gradient. With no valid token the
+    loss is a sum of masked zeros: finite, 0, and still connected to ``logprobs`` (zero gradient), so backward() runs
+    on every rank.
 
     Metrics (floats, over valid tokens; 0 when there are none): ``clip_frac`` = fraction where the clipped branch is
     strictly smaller (so it is the one taken and the token gets no gradient); ``approx_kl`` = k3 estimator
     mean(ratio - 1 - log ratio) of KL(old ‖ new), non-negative and unbiased under samples from the old policy;
-    ``ratio_mean``; ``n_tokens``.
+    ``ratio_mean``; ``abs_log_ratio`` = mean |log ratio|; ``outside_clip`` = share of ratios outside [1 - clip_low,
+    1 + clip_high]; ``n_tokens``. Before any optimizer step the last three measure the rollout <-> actor mismatch.
     """
     _check_loss_shapes(logprobs, old_logprobs, advantages, mask)
     if not (0.0 <= clip_low < 1.0 and clip_high >= 0.0):
@@ -199,22 +247,32 @@ def clipped_policy_loss(
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
     objective = torch.where(valid, torch.minimum(unclipped, clipped), torch.zeros_like(unclipped))
     n_valid = int(valid.sum())
-    loss = -objective.sum() / max(n_valid, 1)
-    return loss, _loss_metrics(ratio, log_ratio, clipped < unclipped, valid, n_valid)
+    if weights is None:
+        loss = -objective.sum() / max(n_valid, 1)
+    else:
+        if weights.shape != logprobs.shape:
+            raise ValueError(f"weights must be {tuple(logprobs.shape)}, got {tuple(weights.shape)}")
+        loss = -(objective * torch.where(valid, weights.detach().to(objective.dtype), 0.0)).sum()
+    outside = (ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)
+    return loss, _loss_metrics(ratio, log_ratio, clipped < unclipped, outside, valid, n_valid)
 
 
 @torch.no_grad()
 def _loss_metrics(
-    ratio: Tensor, log_ratio: Tensor, clip_taken: Tensor, valid: Tensor, n_valid: int
+    ratio: Tensor, log_ratio: Tensor, clip_taken: Tensor, outside: Tensor, valid: Tensor, n_valid: int
 ) -> dict[str, float]:
-    """Means over valid tokens of the clip indicator, the k3 KL estimate and the ratio."""
+    """Means over valid tokens of the clip indicator, the k3 KL estimate, the ratio, |log ratio| and the share of
+    ratios outside the clip range."""
     if n_valid == 0:
-        return {"clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0, "n_tokens": 0.0}
+        return {"clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0, "abs_log_ratio": 0.0, "outside_clip": 0.0,
+                "n_tokens": 0.0}
     k3 = ratio - 1.0 - log_ratio
     return {
         "clip_frac": float((clip_taken & valid).sum()) / n_valid,
         "approx_kl": float(k3[valid].mean()),
         "ratio_mean": float(ratio[valid].mean()),
+        "abs_log_ratio": float(log_ratio.abs()[valid].mean()),
+        "outside_clip": float((outside & valid).sum()) / n_valid,
         "n_tokens": float(n_valid),
     }
 

@@ -152,30 +152,35 @@ class Actor:
     def device(self) -> torch.device:
         return self.engine.device
 
-    def update(self, micro_batches: list[tuple[PolicyInputs, torch.Tensor, torch.Tensor, torch.Tensor]]) -> dict:
-        """One optimizer step over micro-batches of (inputs, tokens, old log-probs, advantages).
+    def update(self, micro_batches: list[tuple[PolicyInputs, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                               torch.Tensor]]) -> dict:
+        """One optimizer step over micro-batches of (inputs, tokens, old log-probs, advantages, token mask, token
+        weights).
 
-        The loss is the token mean over the whole mini-batch: each micro-batch's mean is weighted by its share of
-        rows (all rows carry the same number of action tokens). DeepSpeed divides by its accumulation steps, which
-        equal the number of micro-batches, so the weight is multiplied back by it.
+        The weights (`algo.token_weights` of the whole mini-batch) make each micro-batch's loss its share of the
+        mini-batch's loss, whatever the split. DeepSpeed divides by its accumulation steps, which equal the number of
+        micro-batches, so each loss is multiplied back by it. Metrics are weighted by each micro-batch's valid tokens.
         """
         assert len(micro_batches) == self.ds_config["gradient_accumulation_steps"]
         self.engine.train()
-        rows = sum(len(mb[0]) for mb in micro_batches)
+        tokens_total = max(sum(int(mb[4].sum()) for mb in micro_batches), 1)
         stats: dict[str, float] = {"policy_loss": 0.0, "clip_frac": 0.0, "entropy": 0.0, "approx_kl": 0.0}
-        for inputs, tokens, old_logprobs, advantages in micro_batches:
-            share = len(inputs) / rows
+        for index, (inputs, tokens, old_logprobs, advantages, mask, weights) in enumerate(micro_batches):
+            share = int(mask.sum()) / tokens_total
             logits = self.engine(inputs.to(self.device))
             logprobs = logprobs_from_logits(logits, tokens.to(self.device), self.algo.temperature)
+            mask = mask.to(self.device)
             loss, info = clipped_policy_loss(
-                logprobs, old_logprobs.to(self.device), advantages.to(self.device),
-                torch.ones_like(logprobs, dtype=torch.bool), self.algo.clip_low, self.algo.clip_high,
+                logprobs, old_logprobs.to(self.device), advantages.to(self.device), mask, self.algo.clip_low,
+                self.algo.clip_high, weights.to(self.device),
             )
-            self.engine.backward(loss * share * len(micro_batches))
+            if index == 0:  # computed before this update's optimizer step: the rollout <-> actor mismatch
+                stats.update({f"mismatch_{k}": info[k] for k in ("abs_log_ratio", "approx_kl", "outside_clip")})
+            self.engine.backward(loss * len(micro_batches))
             self.engine.step()
             with torch.no_grad():
-                entropy = token_entropy(logits.detach() / self.algo.temperature).mean().item()
-            stats["policy_loss"] += loss.item() * share
+                entropy = token_entropy(logits.detach() / self.algo.temperature)[mask].mean().nan_to_num().item()
+            stats["policy_loss"] += loss.item()
             stats["clip_frac"] += info["clip_frac"] * share
             stats["approx_kl"] += info["approx_kl"] * share
             stats["entropy"] += entropy * share

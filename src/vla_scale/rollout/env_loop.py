@@ -31,7 +31,8 @@ class Trajectory:
     The inputs are exactly what the rollout decoded on: every camera the policy takes, as the towers saw them
     (resized and cropped, before normalisation), and the raw proprio; the update feeds them to
     `Processor.from_prepared`. Every recorded step counts for the loss: an episode ends at its first success, so the
-    recorded steps are exactly those up to and including the first success.
+    recorded steps are exactly those up to and including the first success; `executed` says how many of each
+    chunk's actions ran (the last chunk stops at the success or at the step limit), so only their tokens do.
     """
 
     task: TaskSpec
@@ -40,6 +41,7 @@ class Trajectory:
     images: list[np.ndarray] = field(default_factory=list)  # uint8[cameras, S, S, 3] per chunk step, primary first
     proprio: list[np.ndarray] = field(default_factory=list)
     tokens: list[np.ndarray] = field(default_factory=list)  # int64[chunk*action_dim]
+    executed: list[int] = field(default_factory=list)  # actions of each chunk that ran (fewer at the episode's end)
     logprobs: list[np.ndarray] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     success: bool = False
@@ -56,6 +58,7 @@ class Trajectory:
     def restart(self) -> None:
         """Forget what was recorded: the episode starts again from its initial state."""
         self.images, self.proprio, self.tokens, self.logprobs, self.versions = [], [], [], [], []
+        self.executed = []
         self.success, self.env_steps = False, 0
         self.restarts += 1
 
@@ -166,6 +169,7 @@ class EnvLoop:
             observations[i], chunks_done[i] = result.observation, 0
         elif isinstance(result, ChunkStep):
             observations[i] = result.observation
+            traj.executed.append(result.steps_taken)
             traj.env_steps += result.steps_taken
             self.stats.env_steps += result.steps_taken
             if result.done or chunks_done[i] >= self.max_chunks:

@@ -1,0 +1,44 @@
+"""A run directory is resumed only with the model, algorithm and number of ranks it trained with."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from vla_scale import checkpoint
+from vla_scale.config import AlgoConfig, ModelConfig
+
+
+def _saved_run(tmp_path, model: ModelConfig, algo: AlgoConfig, ranks: int) -> str:
+    run = str(tmp_path / "run")
+    step = os.path.join(checkpoint.checkpoint_root(run), "step_2")
+    os.makedirs(step)
+    checkpoint.write_run_config(step, model, algo, ranks)
+    checkpoint.mark_latest(run, "step_2")
+    return run
+
+
+def test_the_same_configuration_resumes(tmp_path):
+    model, algo = ModelConfig(timm_model_ids=["a", "b"]), AlgoConfig()
+    run = _saved_run(tmp_path, model, algo, 2)
+    assert checkpoint.resume_problems(run, model, algo, 2) == []
+    assert checkpoint.resume_problems(run, replace(model, checkpoint="/moved/folder"), algo, 2) == []
+
+
+def test_another_model_algorithm_or_rank_count_is_refused_naming_each_key(tmp_path):
+    model, algo = ModelConfig(), AlgoConfig()
+    run = _saved_run(tmp_path, model, algo, 1)
+    problems = checkpoint.resume_problems(run, replace(model, hidden_size=128), replace(algo, lr=1e-5), 2)
+    text = "\n".join(problems)
+    assert len(problems) == 3
+    assert "model.hidden_size=128 but the run trained with 96" in text
+    assert "algo.lr=1e-05 but the run trained with 0.0003" in text
+    assert "trained on 1 rank(s), this command has 2" in text
+
+
+def test_a_run_without_checkpoints_or_with_a_dangling_latest_is_refused(tmp_path):
+    model, algo = ModelConfig(), AlgoConfig()
+    assert "has no checkpoint" in checkpoint.resume_problems(str(tmp_path / "empty"), model, algo, 1)[0]
+    run = _saved_run(tmp_path, model, algo, 1)
+    checkpoint.mark_latest(run, "step_9")
+    assert "names 'step_9', which is not in" in checkpoint.resume_problems(run, model, algo, 1)[0]
