@@ -2,8 +2,9 @@
 
 Times, on one core, each step that turns a rendered 256 px LIBERO frame into the 224 px image the towers see
 (`vla_scale.envs.official_images`): the JPEG round trip, the Lanczos-3 resize, the centre crop, all three as
-`ImagePrep` does them in a simulator process, and the per-tower normalisation the trainer still does. Images are
-random (JPEG cost depends a little on content); the median of `--repeats` batches of `--batch` images is kept.
+`ImagePrep` does them in a simulator process (one image per call, as there), and the per-tower normalisation the
+trainer still does (one batch per call). Images are random (JPEG cost depends a little on content); the median of
+`--repeats` rounds of `--batch` images is kept.
 Prints a table, then `official_images: prep_ms=<x> normalize_ms=<y>` (per image).
 """
 
@@ -51,9 +52,11 @@ def main() -> None:
         ("JPEG round trip (Pillow q95 4:2:0, libjpeg-turbo fast IDCT)", per_image_ms(
             lambda x: [jpeg_round_trip(im) for im in x], frames, args.repeats)),
         (f"Lanczos-3 antialias {args.side} -> {args.size}", per_image_ms(
-            lambda x: lanczos3_resize(x, args.size), frames, args.repeats)),
-        ("centre crop (0.9 of the area)", per_image_ms(lambda x: centre_crop(x), resized, args.repeats)),
-        ("ImagePrep: all three (in a simulator process)", per_image_ms(prep, frames, args.repeats)),
+            lambda x: [lanczos3_resize(im, args.size) for im in x], frames, args.repeats)),
+        ("centre crop (0.9 of the area)", per_image_ms(lambda x: [centre_crop(im) for im in x], resized,
+                                                       args.repeats)),
+        ("ImagePrep: all three (in a simulator process)", per_image_ms(lambda x: [prep(im) for im in x], frames,
+                                                                       args.repeats)),
         ("normalisation for two towers (trainer)", per_image_ms(
             lambda x: transform.normalize(x[:, None]), resized, args.repeats)),
     ]

@@ -99,6 +99,22 @@ def test_resume_with_another_model_or_algorithm_is_refused_before_anything_start
 
 
 @pytest.mark.slow
+def test_deterministic_runs_repeat_with_two_threads(tmp_path):
+    """deterministic=true: two same-seed runs on two intra-op threads give the same numbers bit for bit."""
+    env = dict(script_env(), OMP_NUM_THREADS="2")
+    scalars = []
+    for name in ("a", "b"):
+        # the default model and batch (make train's): big enough for two threads to sum in different orders
+        cmd = [sys.executable, str(ROOT / "launch" / "train.py"), "steps=1", "eval_every=10", "save_every=0",
+               "progress=false", "deterministic=true", f"run_dir={tmp_path / name}"]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        scalars.append(read_scalars(str(tmp_path / name / "tb")))
+    for tag in ("train/policy_loss", "train/grad_norm", "train/entropy", "train/success_rate", "eval/success_rate"):
+        assert scalars[0][tag] == scalars[1][tag], tag
+
+
+@pytest.mark.slow
 def test_resume_without_checkpoint_says_what_to_do(tmp_path):
     env = script_env()
     proc = subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), *TINY, "steps=1", "resume=true",

@@ -255,6 +255,9 @@ class Config:
     """Node layout of the trainer side."""
     seed: int = 0
     """Seed of the task sampler, the model init and the rollout sampling."""
+    deterministic: bool = False
+    """Same-seed and resumed runs give identical numbers: one intra-op thread on CPU (float sums in one order),
+    deterministic kernels on GPU (`torch.use_deterministic_algorithms`, cuBLAS workspace pinned)."""
     steps: int = 120
     """RL steps to train."""
     eval_every: int = 20

@@ -45,6 +45,17 @@ class StepBatch:
     episodes: int
 
 
+def make_deterministic() -> None:
+    """What makes a same-seed run repeat bit for bit: CPU float sums split over several threads land in an order
+    that varies from run to run, so one intra-op thread; on GPU, deterministic kernels (cuBLAS needs its workspace
+    size fixed before its first call)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.set_num_threads(1)
+    if torch.cuda.is_available():
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+
+
 def resolved_config(cfg: Config, vla: PretrainedVLA) -> Config:
     """`cfg` with what the policy decides filled in: a checkpoint's architecture, the prompt budget, the env's
     camera resolution (0: the policy pipeline's). The run logs and saves this one."""
@@ -54,6 +65,8 @@ def resolved_config(cfg: Config, vla: PretrainedVLA) -> Config:
 
 class Trainer:
     def __init__(self, cfg: Config, run_dir: str):
+        if cfg.deterministic:
+            make_deterministic()
         self.rank, self.world = init_distributed()
         validate(cfg, self.world)
         # policy, tokenizer, processor and action post-processing from one source, checked against the env

@@ -261,12 +261,14 @@ class PretrainedVLA:
     def describe(self, env: EnvConfig | None = None) -> str:
         """One line saying what the policy takes and how its inputs and actions are made."""
         spec, side = self.spec, self.spec.towers[0].image_size
-        render = f"rendered at {self.camera_resolution(env)} px, " if env is not None else ""
+        rendered = self.camera_resolution(env) if env is not None else 0
+        resize = "as rendered" if rendered == side else f"{spec.image_resize} to {side}"
+        render = f"rendered at {rendered} px, {resize}" if rendered else f"{spec.image_resize} to {side}"
         crop = ", centre crop" if spec.center_crop else ""
         proprio = f"{spec.proprio_dim}-d proprio" if spec.proprio_dim and spec.use_proprio else "no proprio"
         stats = f"statistics {spec.unnorm_key!r}" if spec.unnorm_key else "no statistics"
         budget = f"prompts of up to {self.max_text_len} tokens" if self.max_text_len else "prompts padded per batch"
-        return (f"{self.source}: images {'+'.join(self.cameras)} {render}{spec.image_resize} to {side}{crop}; "
+        return (f"{self.source}: images {'+'.join(self.cameras)} {render}{crop}; "
                 f"{proprio}; {budget} ({type(self.tokenizer).__name__}); {stats}; {self.convention} actions -> "
                 f"{self.env}")
 
