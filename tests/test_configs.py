@@ -76,6 +76,9 @@ BAD = [
     (["deepspeed.zero_stage=4"], ["deepspeed.zero_stage=4"]),
     (["deepspeed=zero2", "deepspeed.offload_param=true"], ["deepspeed.offload_param=true", "zero_stage=3"]),
     (["deepspeed=zero2", "deepspeed.leaf_modules=true"], ["deepspeed.leaf_modules=true", "zero_stage=3"]),
+    (["algo.loss_agg=seq_mean"], ["algo.loss_agg='seq_mean'", "trajectory_mean"]),
+    (["algo.old_logprobs=engine"], ["algo.old_logprobs='engine'", "recompute"]),
+    (["algo.tis_cap=2"], ["algo.tis_cap=2.0 needs algo.old_logprobs=recompute"]),
     (["deepspeed=zero3_offload", "deepspeed.offload_states_during_rollout=true"],
      ["deepspeed.offload_states_during_rollout=true", "offload_optimizer=false"]),
 ]

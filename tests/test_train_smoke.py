@@ -55,6 +55,18 @@ def test_two_steps_write_every_promised_scalar(tmp_path):
         assert [s for s, _ in scalars[tag]] == [1, 2] and all(abs(v) < 1e-5 for _, v in scalars[tag]), tag
 
 
+@pytest.mark.slow
+def test_simplevla_rl_loss_options_train(tmp_path):
+    """Old log-probs recomputed by the actor with truncated IS weights, episodes weighted equally: two steps run and
+    the mismatch is measured over every token (CPU float32: the same function on both sides)."""
+    train("steps=2", "eval_every=10", "save_every=0", "algo.old_logprobs=recompute", "algo.tis_cap=2",
+          "algo.loss_agg=trajectory_mean", f"run_dir={tmp_path}")
+    scalars = read_scalars(str(tmp_path / "tb"))
+    assert [s for s, _ in scalars["train/policy_loss"]] == [1, 2]
+    for tag in ("train/mismatch_abs_log_ratio", "train/mismatch_approx_kl", "train/mismatch_outside_clip"):
+        assert all(abs(v) < 1e-5 for _, v in scalars[tag]), (tag, scalars[tag])
+
+
 @pytest.fixture(scope="module")
 def whole_run(tmp_path_factory) -> Path:
     """3 uninterrupted steps, saving after each: the reference the resumed and colocated runs must reproduce."""

@@ -181,6 +181,13 @@ class AlgoConfig:
     """How a mini-batch's token objectives make its loss: token_mean (every valid token weighs the same) or
     trajectory_mean (each episode's token mean, then the mean over episodes, as SimpleVLA-RL and RLinf do; mini-batches
     then hold whole episodes)."""
+    old_logprobs: str = "rollout"
+    """The PPO ratio's old log-probs: rollout (the engine's, no extra pass) or recompute (the actor's own on the
+    rollout's inputs before the update, as SimpleVLA-RL does: the first ratio is then 1 even where the engine's
+    kernels or precision differ from the actor's)."""
+    tis_cap: float = 0.0
+    """With old_logprobs=recompute: > 0 weighs each token by min(actor / rollout probability, tis_cap), the truncated
+    importance-sampling correction for tokens the engine sampled; 0 leaves it out."""
 
 
 @dataclass
@@ -332,8 +339,12 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
         problems.append(
             f"algo.batch_size={a.batch_size} must divide over the {world_size} ranks (whole groups per rank)"
         )
-    from vla_scale.algo.grpo import LOSS_AGGREGATIONS
+    from vla_scale.algo.grpo import LOSS_AGGREGATIONS, OLD_LOGPROBS
 
+    if a.old_logprobs not in OLD_LOGPROBS:
+        problems.append(f"algo.old_logprobs={a.old_logprobs!r}: choose one of {OLD_LOGPROBS}")
+    if a.tis_cap < 0 or (a.tis_cap > 0 and a.old_logprobs != "recompute"):
+        problems.append(f"algo.tis_cap={a.tis_cap} needs algo.old_logprobs=recompute and a value >= 0 (0 turns it off)")
     if a.loss_agg not in LOSS_AGGREGATIONS:
         problems.append(f"algo.loss_agg={a.loss_agg!r} is not a loss aggregation; choose one of {LOSS_AGGREGATIONS}")
     if a.group_size < 2:

@@ -21,7 +21,14 @@ import torch
 import torch.distributed as dist
 
 from vla_scale import checkpoint
-from vla_scale.algo import executed_action_mask, group_advantages, group_success_filter, token_weights
+from vla_scale.algo import (
+    executed_action_mask,
+    group_advantages,
+    group_success_filter,
+    logprob_mismatch,
+    token_weights,
+    truncated_is_weights,
+)
 from vla_scale.config import Config, ConfigError, as_yaml, validate
 from vla_scale.envs.types import TaskSpec
 from vla_scale.logging import RunLogger, progress
@@ -33,6 +40,18 @@ from vla_scale.parallel.weight_sync import SyncReport, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop, LoopStats, Trajectory
 from vla_scale.rollout.sampler import TaskSampler
+
+
+@dataclass
+class MiniBatch:
+    """One optimizer step's samples: rows (episode, chunk step, advantage, episode index), the tokens that enter the
+    loss, their weights, the old log-probs and the split into micro-batches (index arrays into rows)."""
+
+    rows: list[tuple[Trajectory, int, float, int]]
+    mask: torch.Tensor  # bool [R, K]
+    weights: torch.Tensor  # float32 [R, K]
+    old: torch.Tensor  # float32 [R, K]
+    parts: list[np.ndarray]
 
 
 @dataclass
@@ -208,24 +227,19 @@ class Trainer:
 
     # ---- update -----------------------------------------------------------------------------------------------------
     def update(self, batch: StepBatch) -> dict[str, float]:
-        """GRPO advantages per group, then `mini_batches` optimizer steps over the shuffled chunk samples."""
+        """GRPO advantages per group, then `mini_batches` optimizer steps (`_mini_batches` says how samples are
+        grouped); with `algo.old_logprobs=recompute` the actor first recomputes every sample's old log-probs."""
         a = self.cfg.algo
         # every rank must run the same number of forward/backward passes (ZeRO-3 gathers are collectives)
         if self._mean_over_ranks(float(bool(batch.groups))) < 1.0:
             return {"skipped_update": 1.0}
         trajs = [t for group in batch.groups for t in group]
         adv = group_advantages(torch.tensor([t.reward for t in trajs]), [t.uid for t in trajs])
+        minis = [self._loss_plan(mini, trajs, adv) for mini in self._mini_batches(trajs)]
+        mismatch = self._recompute_old_logprobs(minis) if a.old_logprobs == "recompute" else {}
         totals: dict[str, float] = {}
-        minis = self._mini_batches(trajs)
-        mismatch: dict[str, float] = {}
-        for mini in minis:
-            rows = [(trajs[e], k, adv[e].item(), e) for e, k in mini]
-            mask = executed_action_mask(torch.tensor([t.executed[k] for t, k, _, _ in rows]), self.cfg.model.chunk_len,
-                                        self.cfg.model.action_dim)
-            weights = token_weights(mask, torch.tensor([e for *_, e in rows]), a.loss_agg).float()
-            parts = np.array_split(np.arange(len(rows)), a.micro_batches)
-            micro = [self._micro_batch([rows[j] for j in part], mask[part], weights[part]) for part in parts]
-            for key, value in self.actor.update(micro).items():
+        for mb in minis:
+            for key, value in self.actor.update([self._micro_batch(mb, part) for part in mb.parts]).items():
                 if key.startswith("mismatch_"):  # the first micro-batch, before any optimizer step of this RL step
                     mismatch.setdefault(key, value)
                 else:
@@ -248,13 +262,44 @@ class Trainer:
             minis.append([mine[j] for j in torch.randperm(len(mine)).tolist()])
         return minis
 
-    def _micro_batch(self, rows: list[tuple[Trajectory, int, float, int]], mask: torch.Tensor, weights: torch.Tensor):
+    def _loss_plan(self, mini: list[tuple[int, int]], trajs: list[Trajectory], adv: torch.Tensor) -> MiniBatch:
+        """One mini-batch's rows with their token mask, loss weights, old log-probs (the rollout's) and
+        micro-batch split."""
+        a, m = self.cfg.algo, self.cfg.model
+        rows = [(trajs[e], k, adv[e].item(), e) for e, k in mini]
+        mask = executed_action_mask(torch.tensor([t.executed[k] for t, k, _, _ in rows]), m.chunk_len, m.action_dim)
+        weights = token_weights(mask, torch.tensor([e for *_, e in rows]), a.loss_agg).float()
+        old = torch.from_numpy(np.stack([t.logprobs[k] for t, k, _, _ in rows]))
+        return MiniBatch(rows, mask, weights, old, np.array_split(np.arange(len(rows)), a.micro_batches))
+
+    def _recompute_old_logprobs(self, minis: list[MiniBatch]) -> dict[str, float]:
+        """The actor's own log-probs, before any optimizer step, on exactly the rollout's inputs become the old
+        log-probs (SimpleVLA-RL's way); with `algo.tis_cap` the loss weights also get the truncated importance
+        weights. Returns the rollout <-> actor mismatch over every valid token of the step."""
+        a = self.cfg.algo
+        actor, rollout = [], []
+        for mb in minis:
+            recomputed = torch.cat([self.actor.logprobs(*self._inputs_and_tokens([mb.rows[j] for j in part]))
+                                    for part in mb.parts])
+            actor.append(recomputed[mb.mask])
+            rollout.append(mb.old[mb.mask])
+            if a.tis_cap > 0:
+                mb.weights = mb.weights * truncated_is_weights(recomputed, mb.old, a.tis_cap)
+            mb.old = recomputed
+        stats = logprob_mismatch(torch.cat(actor), torch.cat(rollout), torch.ones(sum(len(x) for x in actor),
+                                 dtype=torch.bool), a.clip_low, a.clip_high)
+        return {f"mismatch_{k}": v for k, v in stats.items()}
+
+    def _inputs_and_tokens(self, rows: list[tuple[Trajectory, int, float, int]]) -> tuple[PolicyInputs, torch.Tensor]:
         images = np.stack([t.images[k] for t, k, _, _ in rows])
         proprio = np.stack([t.proprio[k] for t, k, _, _ in rows])
         inputs: PolicyInputs = self.processor.from_prepared(images, [t.instruction for t, *_ in rows], proprio)
-        tokens = torch.from_numpy(np.stack([t.tokens[k] for t, k, _, _ in rows]))
-        old = torch.from_numpy(np.stack([t.logprobs[k] for t, k, _, _ in rows]))
-        return inputs, tokens, old, torch.tensor([a for _, _, a, _ in rows], dtype=torch.float32), mask, weights
+        return inputs, torch.from_numpy(np.stack([t.tokens[k] for t, k, _, _ in rows]))
+
+    def _micro_batch(self, mb: MiniBatch, part: np.ndarray):
+        inputs, tokens = self._inputs_and_tokens([mb.rows[j] for j in part])
+        advantages = torch.tensor([mb.rows[j][2] for j in part], dtype=torch.float32)
+        return inputs, tokens, mb.old[part], advantages, mb.mask[part], mb.weights[part]
 
     def sync(self, version: int) -> SyncReport:
         """Actor -> engine in buckets; every rank's engine must hold the actor's exact weights (checksum logged).

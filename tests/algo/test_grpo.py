@@ -13,10 +13,12 @@ from vla_scale.algo import (
     executed_action_mask,
     group_advantages,
     group_success_filter,
+    logprob_mismatch,
     logprobs_from_logits,
     summarize_groups,
     token_entropy,
     token_weights,
+    truncated_is_weights,
     valid_step_mask,
 )
 
@@ -350,3 +352,26 @@ def test_weighted_loss_over_micro_batches_is_the_hand_computed_aggregate():
     # without weights: the token mean over whatever one call gets
     loss, _ = clipped_policy_loss(logp, logp, adv, mask)
     assert abs(loss.item() - expected["token_mean"]) < 1e-6
+
+
+# ---------------------------------------------------------------- old log-probs: mismatch and truncated IS
+
+
+def test_truncated_importance_weights_by_hand():
+    actor = torch.tensor([[math.log(0.5), math.log(0.2), math.log(0.9)]])
+    rollout = torch.tensor([[math.log(0.25), math.log(0.4), math.log(0.1)]])
+    # ratios 2, 0.5, 9 -> capped at 3
+    assert_close(truncated_is_weights(actor, rollout, 3.0), torch.tensor([[2.0, 0.5, 3.0]]))
+    with pytest.raises(ValueError, match="cap"):
+        truncated_is_weights(actor, rollout, 0.0)
+
+
+def test_logprob_mismatch_by_hand():
+    actor = torch.tensor([[0.0, math.log(2.0), 5.0]])
+    rollout = torch.tensor([[0.0, 0.0, -5.0]])
+    mask = torch.tensor([[True, True, False]])  # the third token (a huge difference) never ran
+    stats = logprob_mismatch(actor, rollout, mask, clip_low=0.2, clip_high=0.28)
+    assert abs(stats["abs_log_ratio"] - math.log(2.0) / 2) < 1e-6
+    assert abs(stats["approx_kl"] - (2.0 - 1.0 - math.log(2.0)) / 2) < 1e-6  # k3 of ratio 1 is 0, of 2 is 1 - ln 2
+    assert stats["outside_clip"] == 0.5  # ratio 2 > 1.28
+    assert logprob_mismatch(actor, rollout, torch.zeros(1, 3, dtype=torch.bool))["abs_log_ratio"] == 0.0

@@ -195,6 +195,33 @@ def token_weights(mask: Tensor, trajectory: Tensor, aggregation: str) -> Tensor:
     return valid / (per_episode[index].clamp(min=1) * episodes).unsqueeze(1)
 
 
+OLD_LOGPROBS = ("rollout", "recompute")
+"""Where the PPO ratio's old log-probs come from: the rollout engine's, or the actor's own before the update."""
+
+
+def truncated_is_weights(actor_logprobs: Tensor, rollout_logprobs: Tensor, cap: float) -> Tensor:
+    """min(pi_actor / pi_rollout, cap) per token: the truncated importance weight that corrects a loss computed on
+    tokens the rollout engine sampled for the actor's own distribution (the two differ by kernels and precision)."""
+    if cap <= 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    return torch.exp(actor_logprobs.float() - rollout_logprobs.float()).clamp(max=cap)
+
+
+@torch.no_grad()
+def logprob_mismatch(actor_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, clip_low: float = 0.2,
+                     clip_high: float = 0.28) -> dict[str, float]:
+    """How far the rollout engine's log-probs are from the actor's on the same tokens (valid ones): mean |delta|,
+    the k3 estimate of KL(rollout || actor) (ratio - 1 - log ratio with ratio = pi_actor / pi_rollout), and the
+    share of ratios outside [1 - clip_low, 1 + clip_high], i.e. where clipping would act on mismatch alone."""
+    valid = mask.bool()
+    if not bool(valid.any()):
+        return {"abs_log_ratio": 0.0, "approx_kl": 0.0, "outside_clip": 0.0}
+    log_ratio = (actor_logprobs.float() - rollout_logprobs.float())[valid]
+    ratio = log_ratio.exp()
+    return {"abs_log_ratio": float(log_ratio.abs().mean()), "approx_kl": float((ratio - 1 - log_ratio).mean()),
+            "outside_clip": float(((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float().mean())}
+
+
 def _check_loss_shapes(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> None:
     if logprobs.dim() != 2 or old_logprobs.shape != logprobs.shape:
         raise ValueError(

@@ -187,6 +187,13 @@ class Actor:
         stats["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
         return stats
 
+    @torch.no_grad()
+    def logprobs(self, inputs: PolicyInputs, tokens: torch.Tensor) -> torch.Tensor:
+        """The actor's log-probs of `tokens` at the sampling temperature (no gradient), float32 on the CPU: the old
+        log-probs of `algo.old_logprobs=recompute`. Every rank must call it equally often (ZeRO-3 gathers)."""
+        logits = self.engine(inputs.to(self.device))
+        return logprobs_from_logits(logits, tokens.to(self.device), self.algo.temperature).float().cpu()
+
     def offload_states(self) -> None:
         """Move the optimizer's moments and fp32 master weights to CPU memory until `reload_states` (ZeRO-3).
 
