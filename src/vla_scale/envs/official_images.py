@@ -51,8 +51,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-import simplejpeg
-from PIL import Image
 
 JPEG_QUALITY = 95  # tf.image.encode_jpeg's default
 LANCZOS_RADIUS = 3.0
@@ -65,6 +63,9 @@ def jpeg_round_trip(image: np.ndarray) -> np.ndarray:
     image = np.asarray(image)
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3:
         raise ValueError(f"expected a uint8 [H, W, 3] image, got {image.dtype} {image.shape}")
+    import simplejpeg  # imported where used: policies without the JPEG round trip need neither
+    from PIL import Image
+
     buffer = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(image), mode="RGB").save(buffer, format="JPEG", quality=JPEG_QUALITY,
                                                                   subsampling="4:2:0")
