@@ -288,6 +288,7 @@ class SimFleet:
         self.readers = [[ImageReader(foreign=not self.in_process) for _ in range(sims_per_worker)]
                         for _ in range(num_workers)]
         self.stats = FleetStats()
+        self.unanswered = 0  # requests sent to the workers whose answers have not been collected
 
     def stage_of(self) -> np.ndarray:
         """Stage of every fleet slot."""
@@ -305,6 +306,7 @@ class SimFleet:
 
     def _send(self, method: str, data: Any, mask: np.ndarray) -> None:
         """Each worker's share of a request: written to its simulators' pipes here, or handed to its actor."""
+        self.unanswered += 1
         for i, worker in enumerate(self.workers):
             call, share = getattr(worker, method), (self._split(data, i), self._split(mask, i))
             if self.in_process:
@@ -334,6 +336,7 @@ class SimFleet:
     def collect(self, handles: list[ray.ObjectRef | Future[WorkerReply]]) -> list[SlotResult]:
         """Wait for the answers asked for by `request_recv`; one entry per slot."""
         replies: list[WorkerReply] = [h.result() for h in handles] if self.in_process else ray.get(handles)
+        self.unanswered -= 1
         results: list[SlotResult] = []
         for i, reply in enumerate(replies):
             self.stats.busy_s += reply.busy_s
@@ -353,6 +356,8 @@ class SimFleet:
 
         The yardstick of what driving them through the fleet costs: the same envs, in the same processes and
         memory, with no requests, answers or hand-overs in between."""
+        if self.unanswered:  # checked here, before any worker starts one: an actor may not have seen its share yet
+            raise RuntimeError(f"the fleet's plain loop cannot follow requests still unanswered ({self.unanswered})")
         if self.in_process:
             for worker in self.workers:
                 worker.send_loop(chunk, repeats)
