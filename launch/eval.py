@@ -122,10 +122,9 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     start_ray(cfg.parallel.ray_address, cfg.parallel.ray_dashboard, cfg.parallel.ray_num_cpus)
     stages = e.rollout.pipeline_stage_num
     size = e.num_workers * e.sims_per_worker * stages
-    sim_kwargs = vla.simulator_kwargs(e)
-    fleet = SimFleet(e.name, sim_kwargs, size, e.num_workers, e.sims_per_worker, e.step_timeout_s, stages=stages,
-                     max_failures=e.max_failures, in_process=e.sim_workers_in_trainer)
-    loop = EnvLoop(fleet, engine, vla, math.ceil(e.max_steps / cfg.model.chunk_len), "image_prep" in sim_kwargs)
+    fleet = SimFleet(e.name, vla.simulator_kwargs(e), size, e.num_workers, e.sims_per_worker, e.step_timeout_s,
+                     stages=stages, max_failures=e.max_failures, in_process=e.sim_workers_in_trainer)
+    loop = EnvLoop(fleet, engine, vla, math.ceil(e.max_steps / cfg.model.chunk_len))
     results: dict[int, list[bool]] = {task: [] for task in range(e.num_tasks)}
     trajs = []
     bar = progress(len(specs), 0, cfg.progress, f"eval {e.suite}")

@@ -12,6 +12,30 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import pytest  # noqa: E402
 
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def script_env() -> dict[str, str]:
+    """The environment of an entry script run by a test: this process's, without the process-group variables that
+    in-process tests may have set (a script would try to bind their port), one intra-op thread, our sources first."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    path = os.pathsep.join(p for p in [str(ROOT / "src"), env.get("PYTHONPATH", "")] if p)
+    return dict(env, PYTHONPATH=path, OMP_NUM_THREADS="1")
+
+
+STACK = ("torch", "hydra", "mujoco", "ray", "deepspeed", "gymnasium", "psutil")
+"""What the suite imports from the pinned stack (setup.py); without it every module fails to collect."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import importlib.util
+
+    missing = [name for name in STACK if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.exit(f"{sys.executable} lacks {', '.join(missing)}: the suite runs in the project's environment. "
+                    "Run `make test` (it creates .venv and installs the pinned stack), or `.venv/bin/python -m pytest`",
+                    returncode=4)
+
 
 @pytest.fixture
 def tiny_config():

@@ -1,6 +1,5 @@
 """The real entry script, end to end: launch/train.py with a tiny config (real MuJoCo, Ray, DeepSpeed, TensorBoard)."""
 
-import os
 import shutil
 import subprocess
 import sys
@@ -8,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import script_env
 
 from vla_scale.logging import read_scalars, read_text_tags
 
@@ -18,16 +18,6 @@ TINY = [
     "algo.filter_low=0", "algo.filter_high=1",
     "env.num_workers=1", "env.sims_per_worker=2", "env.num_eval_init_states=2", "env.max_steps=16", "progress=false",
 ]
-
-
-LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def script_env() -> dict[str, str]:
-    """This process's environment without the process-group variables that in-process tests may have set."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
-    path = os.pathsep.join(p for p in [str(ROOT / "src"), env.get("PYTHONPATH", "")] if p)
-    return dict(env, PYTHONPATH=path, OMP_NUM_THREADS="1")
 
 
 def train(*overrides: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:

@@ -109,7 +109,7 @@ class Trainer:
         self.groups = cfg.algo.batch_size // self.world  # groups this rank rolls out per step
         self._start_ray()
         self.fleet = self._start_fleet()
-        self.loop = EnvLoop(self.fleet, self.engine, self.vla, self.max_chunks, "image_prep" in self.sim_kwargs)
+        self.loop = EnvLoop(self.fleet, self.engine, self.vla, self.max_chunks)
         self.next_specs: list[TaskSpec] | None = None
         self.events: deque[tuple[str, float]] = deque(maxlen=64)  # (what, when): the recent reset/update overlap
 
@@ -132,8 +132,7 @@ class Trainer:
                 f"the Ray cluster has {sim_node_count()}: start them with `ray start --address=<head>:6379 "
                 "--resources='{\"sim\": 1}'` or lower env.disagg_sim.nnodes"
             )
-        self.sim_kwargs = self.vla.simulator_kwargs(cfg.env)
-        return SimFleet(cfg.env.name, self.sim_kwargs, self.groups * cfg.algo.group_size,
+        return SimFleet(cfg.env.name, self.vla.simulator_kwargs(cfg.env), self.groups * cfg.algo.group_size,
                         cfg.env.num_workers, cfg.env.sims_per_worker, cfg.env.step_timeout_s,
                         stages=cfg.env.rollout.pipeline_stage_num,
                         max_failures=cfg.env.max_failures, sim_resource=disagg.enable,
@@ -281,13 +280,13 @@ class Trainer:
         for mb in minis:
             recomputed = torch.cat([self.actor.logprobs(*self._inputs_and_tokens([mb.rows[j] for j in part]))
                                     for part in mb.parts])
-            actor.append(recomputed[mb.mask])
-            rollout.append(mb.old[mb.mask])
+            actor.append(recomputed)
+            rollout.append(mb.old)
             if a.tis_cap > 0:
                 mb.weights = mb.weights * truncated_is_weights(recomputed, mb.old, a.tis_cap)
             mb.old = recomputed
-        stats = logprob_mismatch(torch.cat(actor), torch.cat(rollout), torch.ones(sum(len(x) for x in actor),
-                                 dtype=torch.bool), a.clip_low, a.clip_high)
+        stats = logprob_mismatch(torch.cat(actor), torch.cat(rollout), torch.cat([mb.mask for mb in minis]),
+                                 a.clip_low, a.clip_high)
         return {f"mismatch_{k}": v for k, v in stats.items()}
 
     def _inputs_and_tokens(self, rows: list[tuple[Trajectory, int, float, int]]) -> tuple[PolicyInputs, torch.Tensor]:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import script_env
 
 from vla_scale.logging import read_scalars
 
@@ -23,8 +24,7 @@ SHORT = ["env.max_steps=16", "env.num_workers=1", "env.sims_per_worker=2", "prog
 
 
 def run(script: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "launch" / script), *args], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, str(ROOT / "launch" / script), *args], cwd=ROOT, env=script_env(),
                           capture_output=True, text=True, timeout=900)
     if ok:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

@@ -25,7 +25,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from vla_scale.models.actions import DatasetStats
 from vla_scale.models.spec import OFTSpec, openvla_config, spec_from_openvla
 
 if TYPE_CHECKING:
@@ -72,18 +71,6 @@ def read_spec(path: str, proprio_dim: int | None = None, **overrides: Any) -> OF
     if not config.get("norm_stats") and os.path.exists(os.path.join(path, STATS)):
         config["norm_stats"] = _read_json(os.path.join(path, STATS))
     return spec_from_openvla(config, proprio_dim=proprio_dim, **overrides)
-
-
-def read_dataset_stats(path: str, unnorm_key: str = "") -> DatasetStats | None:
-    """The statistics a checkpoint normalises proprio with (None when it has none)."""
-    spec = read_spec(path)
-    if not spec.norm_stats:
-        return None
-    key = unnorm_key or spec.unnorm_key or next(iter(spec.norm_stats))
-    if len(spec.norm_stats) > 1 and not (unnorm_key or spec.unnorm_key):
-        raise KeyError(f"{path} has statistics of several datasets: set model.unnorm_key to one of "
-                       f"{sorted(spec.norm_stats)}")
-    return DatasetStats.from_json(spec.norm_stats[key], spec.normalization)
 
 
 def weight_files(path: str) -> list[str]:

@@ -198,10 +198,7 @@ class OFTPolicy(nn.Module):
 
     def image_transform(self) -> ImageTransform:
         """The image preprocessing this policy expects (the checkpoint's, else its towers')."""
-        spec = self.spec
-        if self.preprocessor is not None:
-            return ImageTransform.from_preprocessor_config(self.preprocessor, spec.center_crop, spec.image_resize)
-        return ImageTransform.from_towers(spec.towers, spec.center_crop, spec.image_resize)
+        return ImageTransform.for_spec(self.spec, self.preprocessor)
 
     # ---- forward ----------------------------------------------------------------------------------------------------
     def prefix_embeddings(self, pixel_values: Tensor, proprio: Tensor | None, vision: Callable[[Tensor], Tensor]

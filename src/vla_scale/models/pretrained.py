@@ -94,14 +94,18 @@ class PretrainedVLA:
         `env`: the env whose cameras and action convention apply (None: the platform the statistics name, e.g.
         libero). `max_text_len`: a fixed prompt budget checked against `instructions` (0: sized to them; without
         instructions each batch pads to its longest prompt)."""
-        check_checkpoint_folder(folder)
+        config = check_checkpoint_folder(folder)
         tokenizer = HFTokenizer.from_folder(folder)
-        proprio = load_proprio_state(folder)
+        try:
+            proprio = load_proprio_state(folder)
+        except Exception as err:  # torch.load raises several types for a corrupt archive
+            raise CheckpointError(f"{proprio_projector_file(folder)} is unreadable ({err}): the download or copy is "
+                                  "incomplete") from err
         proprio_dim = proprio["fc1.weight"].shape[1] if proprio else None
         overrides: dict[str, Any] = {k: v for k, v in (("center_crop", center_crop), ("attention", attention),
                                                        ("use_proprio", use_proprio), ("num_images", num_images))
                                      if v is not None}
-        if "vla_scale" not in _read_json(os.path.join(folder, CONFIG)):  # an official folder: its evaluation's images
+        if "vla_scale" not in config:  # an official folder: its evaluation's images
             overrides = {**OFFICIAL_EVALUATION, **overrides}
         try:
             spec = read_spec(folder, proprio_dim=proprio_dim, **overrides)
@@ -288,14 +292,16 @@ def _read_json(path: str) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not readable JSON ({err}); restore it from the original checkpoint") from err
 
 
-def check_checkpoint_folder(folder: str) -> None:
-    """The files a checkpoint folder needs are there and readable (weights: their headers), else CheckpointError."""
+def check_checkpoint_folder(folder: str) -> dict[str, Any]:
+    """The files a checkpoint folder needs are there and readable (weights: their headers), else CheckpointError;
+    returns its config.json."""
     if not os.path.isdir(folder):
         raise CheckpointError(f"checkpoint folder {folder!r} does not exist (model.checkpoint names an OpenVLA-OFT "
                               "folder: config.json, model.safetensors, tokenizer files, dataset_statistics.json)")
     if not os.path.isfile(os.path.join(folder, CONFIG)):
         raise CheckpointError(f"{folder} has no {CONFIG}: not a checkpoint folder")
-    for name in (CONFIG, STATS, PREPROCESSOR):
+    config = _read_json(os.path.join(folder, CONFIG))
+    for name in (STATS, PREPROCESSOR):
         if os.path.isfile(os.path.join(folder, name)):
             _read_json(os.path.join(folder, name))
     try:
@@ -312,12 +318,7 @@ def check_checkpoint_folder(folder: str) -> None:
                 raise ValueError("no tensors")
         except Exception as err:  # safetensors raises its own error type for a truncated or corrupt file
             raise CheckpointError(f"{file} is unreadable ({err}): the download or copy is incomplete") from err
-    projector = proprio_projector_file(folder)
-    if projector is not None:
-        try:
-            load_proprio_state(folder)
-        except Exception as err:  # torch.load raises several types for a corrupt archive
-            raise CheckpointError(f"{projector} is unreadable ({err}): the download or copy is incomplete") from err
+    return config
 
 
 def resolve_unnorm_key(spec: OFTSpec, unnorm_key: str | None, suite: str | None, folder: str) -> str:
@@ -345,9 +346,10 @@ def resolve_unnorm_key(spec: OFTSpec, unnorm_key: str | None, suite: str | None,
 def text_budget(tokenizer: TextTokenizer, instructions: list[str], max_text_len: int) -> int:
     """The prompt budget: `max_text_len` when every prompt fits it, else an error naming the longest; 0 sizes it to
     the longest prompt (0 as well without instructions: each batch pads to its own longest)."""
-    longest = max((len(tokenizer.prompt_ids(prompt_text(t))) for t in instructions), default=0)
+    lengths = {t: len(tokenizer.prompt_ids(prompt_text(t))) for t in instructions}
+    longest = max(lengths.values(), default=0)
     if max_text_len and longest > max_text_len:
-        worst = max(instructions, key=lambda t: len(tokenizer.prompt_ids(prompt_text(t))))
+        worst = max(lengths, key=lengths.__getitem__)
         raise ValueError(f"the suite's longest prompt has {longest} tokens > model.max_text_len={max_text_len} "
                          f"({worst!r}): set model.max_text_len={longest} or 0 (sized to the suite)")
     return max_text_len or longest
@@ -363,12 +365,8 @@ def _platform_env(spec: OFTSpec, folder: str) -> str:
 
 def _processor(spec: OFTSpec, tokenizer: TextTokenizer, env: str, preprocessor: dict[str, Any] | None,
                max_text_len: int) -> Processor:
+    """The processor of `spec` (its `unnorm_key` already resolved: `resolve_unnorm_key`)."""
     cameras = env_interface(env).cameras[: spec.num_images]
-    if preprocessor is not None:
-        transform = ImageTransform.from_preprocessor_config(preprocessor, spec.center_crop, spec.image_resize)
-    else:
-        transform = ImageTransform.from_towers(spec.towers, spec.center_crop, spec.image_resize)
     stats = DatasetStats.from_json(spec.norm_stats[spec.unnorm_key], spec.normalization) if spec.unnorm_key else None
-    if stats is None and spec.norm_stats and len(spec.norm_stats) == 1:
-        stats = DatasetStats.from_json(next(iter(spec.norm_stats.values())), spec.normalization)
-    return Processor(model_config_from_spec(spec), tokenizer, cameras, stats, transform, max_text_len)
+    return Processor(model_config_from_spec(spec), tokenizer, cameras, stats,
+                     ImageTransform.for_spec(spec, preprocessor), max_text_len)

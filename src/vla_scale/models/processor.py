@@ -17,8 +17,6 @@ to 224 this way before the crop. `bicubic` is torch's antialiased bicubic, for p
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,13 +63,15 @@ class ImageTransform:
 
     @classmethod
     def for_model(cls, cfg: ModelConfig) -> ImageTransform:
-        """From the checkpoint's preprocessor_config.json when `cfg.checkpoint` has one, else from the towers."""
-        path = os.path.join(cfg.checkpoint, "preprocessor_config.json") if cfg.checkpoint else ""
-        crop = bool(cfg.center_crop)
-        if path and os.path.exists(path):
-            with open(path) as f:
-                return cls.from_preprocessor_config(json.load(f), crop, cfg.image_resize)
-        return cls.from_towers(tower_specs(cfg), crop, cfg.image_resize)
+        """A fresh policy's, from the towers `cfg` describes (a checkpoint's: `for_spec`)."""
+        return cls.from_towers(tower_specs(cfg), bool(cfg.center_crop), cfg.image_resize)
+
+    @classmethod
+    def for_spec(cls, spec: Any, preprocessor: dict | None) -> ImageTransform:
+        """A policy's (`OFTSpec`): its checkpoint's preprocessor_config.json when it has one, else its towers'."""
+        if preprocessor is not None:
+            return cls.from_preprocessor_config(preprocessor, spec.center_crop, spec.image_resize)
+        return cls.from_towers(spec.towers, spec.center_crop, spec.image_resize)
 
     @classmethod
     def from_towers(cls, towers: list[ViTSpec], center_crop: bool, resize: str = "bicubic") -> ImageTransform:
@@ -98,9 +98,8 @@ class ImageTransform:
         exactly the pixels the rollout decoded on without resizing again."""
         batch, n, h, w, _ = images.shape
         size = self.image_size
-        prep = self.simulator_prep(h if h == w else -1, ())
-        if prep is not None:  # what the simulator processes do (numpy): the official resize where needed, the crop
-            return prep(images)
+        if self._numpy_prepares(h, w):  # what the simulator processes do: the official resize where needed, the crop
+            return ImagePrep(size, self.center_crop, self.crop_area)(images)
         x = torch.from_numpy(np.ascontiguousarray(images)).reshape(batch * n, h, w, 3).permute(0, 3, 1, 2)
         images = resize_uint8(x, size).permute(0, 2, 3, 1).reshape(batch, n, size, size, 3).numpy()
         return centre_crop(images, self.crop_area) if self.center_crop else np.ascontiguousarray(images)
@@ -108,9 +107,12 @@ class ImageTransform:
     def simulator_prep(self, camera_resolution: int, cameras: tuple[str, ...]) -> ImagePrep | None:
         """The same preparation done in numpy inside the simulator processes, where it can be (no resize, or the
         official one); None where it needs torch (bicubic)."""
-        if camera_resolution != self.image_size and self.resize != "jpeg_lanczos3":
+        if not self._numpy_prepares(camera_resolution, camera_resolution):
             return None
         return ImagePrep(self.image_size, self.center_crop, self.crop_area, tuple(cameras))
+
+    def _numpy_prepares(self, h: int, w: int) -> bool:
+        return self.resize == "jpeg_lanczos3" or (h, w) == (self.image_size, self.image_size)
 
     def normalize(self, images: np.ndarray) -> Tensor:
         """Prepared images uint8 [B, N, S, S, 3] -> pixel_values float32 [B, N * 3 * towers, S, S]."""
@@ -179,22 +181,11 @@ class Processor:
     def __init__(self, cfg: ModelConfig, tokenizer: TextTokenizer, camera: str | tuple[str, ...] = "agentview",
                  stats: DatasetStats | None = None, transform: ImageTransform | None = None,
                  max_text_len: int | None = None):
-        if stats is None and cfg.checkpoint:
-            from vla_scale.models.checkpoint_io import read_dataset_stats
-
-            stats = read_dataset_stats(cfg.checkpoint, cfg.unnorm_key)
         self.cfg, self.tokenizer, self.stats = cfg, tokenizer, stats
         self.cameras = (camera,) if isinstance(camera, str) else tuple(camera)
         self.transform = transform or ImageTransform.for_model(cfg)
         self.max_text_len = cfg.max_text_len if max_text_len is None else max_text_len
         self._ids: dict[str, list[int]] = {}  # instruction -> prompt ids (rollouts repeat a few instructions)
-
-    @classmethod
-    def for_policy(cls, policy: Any, tokenizer: TextTokenizer, camera: str | tuple[str, ...] = "agentview",
-                   unnorm_key: str | None = None, max_text_len: int | None = None) -> Processor:
-        """The processor a loaded `OFTPolicy` expects: its towers' preprocessing, its proprio statistics."""
-        return cls(policy.model_config, tokenizer, camera, policy.dataset_stats(unnorm_key), policy.image_transform(),
-                   max_text_len)
 
     def __call__(self, observations: list[Observation]) -> PolicyInputs:
         images, proprio = self.prepare(observations)

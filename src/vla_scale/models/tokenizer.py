@@ -111,10 +111,9 @@ class HFTokenizer:
     def __init__(self, tokenizer: Tokenizer, pad_token: str, bos_token: str, eos_token: str,
                  word_boundary: str = "▁"):
         self._tok = tokenizer
-        ids = {name: tokenizer.token_to_id(tok) for name, tok in
-               (("pad", pad_token), ("bos", bos_token), ("eos", eos_token))}
-        missing = [f"{name} token {tok!r}" for (name, tok) in
-                   (("pad", pad_token), ("bos", bos_token), ("eos", eos_token)) if ids[name] is None]
+        tokens = {"pad": pad_token, "bos": bos_token, "eos": eos_token}
+        ids = {name: tokenizer.token_to_id(tok) for name, tok in tokens.items()}
+        missing = [f"{name} token {tokens[name]!r}" for name, i in ids.items() if i is None]
         if missing:
             raise ValueError(f"the tokenizer's vocabulary lacks its {', '.join(missing)}")
         self.pad_id, self.bos_id, self.eos_id = ids["pad"], ids["bos"], ids["eos"]

@@ -265,6 +265,7 @@ class SimFleet:
             raise ValueError(f"{size} simulators do not divide over {num_workers} workers x {sims_per_worker} "
                              f"processes x {stages} stages")
         self.size, self.per_worker, self.stages = size, size // num_workers, stages
+        self.env_kwargs = env_kwargs  # what every simulator is built with (`make_env`)
         self.slots = size // (num_workers * sims_per_worker)
         self.num_procs = num_workers * sims_per_worker
         self.in_process = in_process and not sim_resource

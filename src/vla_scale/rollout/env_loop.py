@@ -87,14 +87,15 @@ class LoopStats:
 
 
 class EnvLoop:
-    """`vla` supplies the inputs (its processor) and the env's action post-processing; `engine` decodes.
-    `images_prepared`: the simulators already make the images the towers see (`PretrainedVLA.simulator_kwargs`)."""
+    """`vla` supplies the inputs (its processor) and the env's action post-processing; `engine` decodes. When the
+    fleet's simulators were built with `image_prep` (`PretrainedVLA.simulator_kwargs`), their images arrive as the
+    towers see them and are only normalised here."""
 
-    def __init__(self, fleet: SimFleet, engine: RolloutEngine, vla: PretrainedVLA, max_chunks: int,
-                 images_prepared: bool = False):
+    def __init__(self, fleet: SimFleet, engine: RolloutEngine, vla: PretrainedVLA, max_chunks: int):
         self.fleet, self.engine, self.vla = fleet, engine, vla
         self.processor = vla.processor
-        self.max_chunks, self.images_prepared = max_chunks, images_prepared
+        self.max_chunks = max_chunks
+        self.images_prepared = "image_prep" in fleet.env_kwargs
         self.stage = fleet.stage_of()
         self._prefetched: list[TaskSpec] | None = None
         self.stats = LoopStats()
