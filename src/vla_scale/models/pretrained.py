@@ -231,7 +231,7 @@ class PretrainedVLA:
     def simulator_kwargs(self, env: EnvConfig) -> dict[str, Any]:
         """The fleet's env kwargs for `env`: its own, rendered at `camera_resolution(env)`, and, where numpy can do
         it, the policy's image preparation made inside the simulator processes (`image_prep`; the env loop then
-        takes the images as they come, `EnvLoop(..., images_prepared=True)`)."""
+        takes the images as they come when it finds `image_prep` in the fleet's env kwargs)."""
         from vla_scale.envs.registry import env_kwargs
 
         side = self.camera_resolution(env)
