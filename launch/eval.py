@@ -42,27 +42,73 @@ sys.argv, CHECKPOINT = _pop_checkpoint(sys.argv)
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
-from vla_scale.config import Config, ConfigError, init_state_ids, register_configs, to_config, validate  # noqa: E402
+import torch  # noqa: E402
+
+from vla_scale.config import (  # noqa: E402
+    Config,
+    ConfigError,
+    ModelConfig,
+    init_state_ids,
+    register_configs,
+    to_config,
+    validate,
+)
 
 register_configs()
 
 
 def weights_file(path: str) -> str:
-    """The model.safetensors that `path` (a run directory, a checkpoint folder or the file itself) stands for."""
+    """The model.safetensors that `path` (a run directory, a checkpoint folder or the file itself) stands for; a
+    ConfigError naming `checkpoint=` when there is none."""
     from vla_scale import checkpoint
 
     if os.path.isfile(path):
         return path
+    if not os.path.exists(path):
+        raise ConfigError(f"checkpoint={path!r} does not exist; pass a run directory, a checkpoints/step_<k> folder "
+                          "or a model.safetensors file written by launch/train.py")
     if os.path.isdir(os.path.join(path, "checkpoints")):
         tag = checkpoint.latest_tag(path)
         if tag is None:
-            raise FileNotFoundError(f"{path} has no checkpoint (no checkpoints/latest)")
+            raise ConfigError(f"checkpoint={path!r} has no checkpoint (no checkpoints/latest): it saved none; pass "
+                              "a run that did, or one of its checkpoints/step_<k> folders")
         path = os.path.join(checkpoint.checkpoint_root(path), tag)
     weights = os.path.join(path, "model.safetensors")
     if not os.path.isfile(weights):
-        raise FileNotFoundError(f"no model.safetensors in {path}; pass a run directory, a checkpoints/step_<k> "
-                                "folder or a model.safetensors file")
+        raise ConfigError(f"no model.safetensors in {path}; pass a run directory, a checkpoints/step_<k> folder or a "
+                          "model.safetensors file")
     return weights
+
+
+def load_run_weights(policy: torch.nn.Module, weights: str, model: ModelConfig) -> None:
+    """Load a run's consolidated weights into `policy`, or raise a ConfigError saying which model keys (from the
+    run's `run_config.json`) or which tensors do not fit, before anything starts."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from vla_scale import checkpoint
+
+    saved, _ = checkpoint.read_json(os.path.join(os.path.dirname(weights), checkpoint.RUN_CONFIG))
+    if saved is not None:
+        differences = checkpoint.config_differences(saved["model"], "model", model)
+        if differences:
+            raise ConfigError(f"{weights} was trained with another model:\n  - " + "\n  - ".join(differences))
+    try:
+        state = load_file(weights)
+    except (SafetensorError, OSError) as err:
+        raise ConfigError(f"{weights} is unreadable ({err}): the file is damaged or incomplete; pass another "
+                          "checkpoint of the run") from err
+    own = policy.state_dict()
+    params = dict(policy.named_parameters())
+    missing = [name for name in params if name not in state]  # buffers are not saved
+    unexpected = [name for name in state if name not in own]
+    resized = [f"{name} {tuple(t.shape)} (this model: {tuple(own[name].shape)})" for name, t in state.items()
+               if name in own and t.shape != own[name].shape]
+    if missing or unexpected or resized:
+        raise ConfigError(f"{weights} does not fit model={model.name}: missing {missing[:5]}, unexpected "
+                          f"{unexpected[:5]}, other shapes {resized[:5]}; pass the model overrides the run trained "
+                          "with (its .hydra/config.yaml)")
+    policy.load_state_dict(state, strict=False)
 
 
 def success_table(suite: str, instructions: list[str], results: dict[int, list[bool]]) -> list[list[str]]:
@@ -87,8 +133,6 @@ def write_tables(run_dir: str, suite: str, rows: list[list[str]]) -> tuple[str, 
 
 def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     import numpy as np
-    import torch
-    from safetensors.torch import load_file
 
     from vla_scale.envs.registry import suite_instructions
     from vla_scale.envs.types import TaskSpec
@@ -107,13 +151,8 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     policy = vla.policy
     source = f"{vla.source} (smoke run)" if not cfg.model.checkpoint else vla.source
     if checkpoint_path:
-        weights = weights_file(checkpoint_path)
-        missing, unexpected = policy.load_state_dict(load_file(weights), strict=False)
-        missing = [name for name in missing if name in dict(policy.named_parameters())]  # buffers are not saved
-        if missing or unexpected:
-            raise ValueError(f"{weights} does not fit model={cfg.model.name}: missing {missing[:5]}, unexpected "
-                             f"{unexpected[:5]}; pass the model overrides the run trained with")
-        source = weights
+        source = weights_file(checkpoint_path)
+        load_run_weights(policy, source, cfg.model)
     engine = RolloutEngine(policy, "cuda" if torch.cuda.is_available() else "cpu", seed=cfg.seed)
     specs = [TaskSpec(e.suite, task, state) for task in range(e.num_tasks) for state in init_state_ids(e, "eval")]
     log = RunLogger(run_dir)
@@ -166,6 +205,11 @@ def main(dict_cfg: DictConfig) -> float:
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
     try:
         validate(cfg)
+        from vla_scale.parallel.fleet import ray_address_problem
+
+        unreachable = ray_address_problem(cfg.parallel.ray_address)
+        if unreachable:
+            raise ConfigError(unreachable)
         os.makedirs(run_dir, exist_ok=True)
         return evaluate(cfg, run_dir, CHECKPOINT)
     except ConfigError as err:

@@ -47,7 +47,18 @@ def _shared_run_dir(argv: list[str]) -> list[str]:
     return argv + [f"hydra.run.dir={choice[0]}"]
 
 
-sys.argv = _shared_run_dir(_strip_local_rank(sys.argv))
+def _keep_run_record(argv: list[str]) -> list[str]:
+    """A resumed run keeps the record Hydra wrote when it started (`.hydra/`) and its log file: a resume attempt
+    writes neither, so one that is refused leaves the run directory as it was."""
+    if not any(a.lower() in ("resume=true", "+resume=true", "++resume=true") for a in argv):
+        return argv
+    keep = [] if any(a.startswith("hydra.output_subdir=") for a in argv) else ["hydra.output_subdir=null"]
+    if not any(a.startswith("hydra/job_logging=") for a in argv):
+        keep.append("hydra/job_logging=stdout")
+    return argv + keep
+
+
+sys.argv = _keep_run_record(_shared_run_dir(_strip_local_rank(sys.argv)))
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
@@ -58,15 +69,21 @@ register_configs()
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(dict_cfg: DictConfig) -> float:
-    from vla_scale.trainer import Trainer
-
     cfg = to_config(dict_cfg)
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
-    try:  # the configuration, the policy against the env, a resumed run's checkpoint: before anything starts
+    try:  # the configuration first: it needs no DeepSpeed, whose import alone takes seconds
         validate(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    except ConfigError as err:
+        sys.exit(f"error: {err}")
+    from vla_scale.trainer import RunComplete, Trainer
+
+    try:  # the policy against the env, the Ray address, a resumed run's checkpoint: before anything starts
         trainer = Trainer(cfg, run_dir)
     except ConfigError as err:
         sys.exit(f"error: {err}")
+    except RunComplete as done:
+        print(done, flush=True)
+        return float("nan")
     if trainer.rank == 0:
         print(f"run directory: {run_dir}\ntensorboard:   tensorboard --logdir {os.path.join(run_dir, 'tb')}\n"
               f"policy:        {trainer.vla.describe(trainer.cfg.env)}", flush=True)

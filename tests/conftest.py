@@ -1,6 +1,7 @@
 """Shared test setup: offscreen rendering, local Ray without auth, a cached DeepSpeed op folder."""
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +22,30 @@ def script_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     path = os.pathsep.join(p for p in [str(ROOT / "src"), env.get("PYTHONPATH", "")] if p)
     return dict(env, PYTHONPATH=path, OMP_NUM_THREADS="1")
+
+
+TINY = [
+    "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.vision_dim=32",
+    "model.num_heads=2", "algo.batch_size=2", "algo.group_size=4", "algo.mini_batches=1", "algo.max_resample_rounds=0",
+    "algo.filter_low=0", "algo.filter_high=1",
+    "env.num_workers=1", "env.sims_per_worker=2", "env.num_eval_init_states=2", "env.max_steps=16", "progress=false",
+]
+"""Overrides that shrink the embedded default run to a few seconds a step."""
+
+
+def run_script(script: str, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT,
+               timeout: int = 400) -> subprocess.CompletedProcess[str]:
+    """Run `launch/<script>.py` with `args` as a user would, output captured."""
+
+    return subprocess.run([sys.executable, str(ROOT / "launch" / f"{script}.py"), *args], cwd=cwd,
+                          env=env or script_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def train_ok(*overrides: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """launch/train.py with TINY and `overrides`; it must succeed."""
+    proc = run_script("train", *flags, *TINY, *overrides)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
 
 
 STACK = ("torch", "hydra", "mujoco", "ray", "deepspeed", "gymnasium", "psutil")
@@ -54,3 +79,11 @@ def tiny_config():
             return to_config(compose(config_name="config", overrides=small + list(overrides)))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def saved_run(tmp_path_factory) -> Path:
+    """A run of 3 uninterrupted TINY steps, saving after each; read-only for its users (copy it to change it)."""
+    run = tmp_path_factory.mktemp("saved_run")
+    train_ok("steps=3", "eval_every=10", "save_every=1", f"run_dir={run}")
+    return run

@@ -86,7 +86,7 @@ def test_evaluates_the_latest_checkpoint_of_a_run(tmp_path: Path) -> None:
 
 def test_weights_file_explains_what_it_needs(tmp_path: Path) -> None:
     weights_file = eval_module().weights_file
-    with pytest.raises(FileNotFoundError, match="run directory, a checkpoints/step_<k>"):
+    with pytest.raises(eval_module().ConfigError, match="run directory, a checkpoints/step_<k>"):
         weights_file(str(tmp_path))
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert weights_file(str(tmp_path)) == str(tmp_path / "model.safetensors")

@@ -14,6 +14,9 @@ def _saved_run(tmp_path, model: ModelConfig, algo: AlgoConfig, ranks: int) -> st
     step = os.path.join(checkpoint.checkpoint_root(run), "step_2")
     os.makedirs(step)
     checkpoint.write_run_config(step, model, algo, ranks)
+    for rank in range(ranks):
+        checkpoint.write_trainer_state(step, rank, {"step": 2})
+    open(os.path.join(step, "zero_pp_rank_0_mp_rank_00_model_states.pt"), "wb").close()  # only its name is read
     checkpoint.mark_latest(run, "step_2")
     return run
 
@@ -41,4 +44,25 @@ def test_a_run_without_checkpoints_or_with_a_dangling_latest_is_refused(tmp_path
     assert "has no checkpoint" in checkpoint.resume_problems(str(tmp_path / "empty"), model, algo, 1)[0]
     run = _saved_run(tmp_path, model, algo, 1)
     checkpoint.mark_latest(run, "step_9")
-    assert "names 'step_9', which is not in" in checkpoint.resume_problems(run, model, algo, 1)[0]
+    assert "names 'step_9', which is not a step folder in" in checkpoint.resume_problems(run, model, algo, 1)[0]
+
+
+def test_a_damaged_step_is_refused_naming_the_file(tmp_path):
+    model, algo = ModelConfig(), AlgoConfig()
+    run = _saved_run(tmp_path, model, algo, 1)
+    step = os.path.join(checkpoint.checkpoint_root(run), "step_2")
+    with open(os.path.join(step, "trainer_state_rank0.json"), "w") as f:
+        f.write('{"step": 2, "ver')  # a save cut short
+    (problem,) = checkpoint.resume_problems(run, model, algo, 1)
+    assert "trainer_state_rank0.json is unreadable" in problem and "earlier step" in problem
+    os.remove(os.path.join(step, "trainer_state_rank0.json"))
+    assert "trainer_state_rank0.json is missing" in checkpoint.resume_problems(run, model, algo, 1)[0]
+    checkpoint.write_trainer_state(step, 0, {"step": 2})
+    os.remove(os.path.join(step, "zero_pp_rank_0_mp_rank_00_model_states.pt"))
+    assert "no DeepSpeed model states" in checkpoint.resume_problems(run, model, algo, 1)[0]
+
+
+def test_latest_step_reads_the_step_from_the_pointer(tmp_path):
+    run = _saved_run(tmp_path, ModelConfig(), AlgoConfig(), 1)
+    assert checkpoint.latest_step(run) == 2
+    assert checkpoint.latest_step(str(tmp_path / "none")) is None

@@ -119,31 +119,63 @@ def write_run_config(directory: str, model: Any, algo: Any, ranks: int) -> None:
         json.dump(data, f, indent=1)
 
 
+def latest_step(run_dir: str) -> int | None:
+    """The step the `latest` checkpoint holds (from its `step_<k>` name), None without one."""
+    tag = latest_tag(run_dir)
+    if tag is None or not tag.startswith("step_") or not tag[5:].isdigit():
+        return None
+    return int(tag[5:])
+
+
+def read_json(path: str) -> tuple[Any, str]:
+    """(the parsed file, "") or (None, one sentence saying which file is broken and what to do)."""
+    try:
+        with open(path) as f:
+            return json.load(f), ""
+    except (OSError, ValueError) as err:
+        return None, f"{path} is unreadable ({err}): the checkpoint is damaged; point checkpoints/latest at an " \
+                     "earlier step or start a new run_dir"
+
+
+def config_differences(saved: dict[str, Any], group: str, now: Any) -> list[str]:
+    """One line per field of `now` (a config dataclass) that differs from `saved` (that group as JSON);
+    `checkpoint` (where initial weights came from) may move."""
+    return [f"{group}.{key}={_plain(value)!r} but the run trained with {saved[key]!r}: use {group}.{key}="
+            f"{saved[key]!r}, or start a new run_dir"
+            for key, value in dataclasses.asdict(now).items()
+            if key != "checkpoint" and key in saved and saved[key] != _plain(value)]
+
+
 def resume_problems(run_dir: str, model: Any, algo: Any, ranks: int) -> list[str]:
     """Why `run_dir` cannot be resumed with this model, algorithm and number of ranks (empty when it can): no
-    checkpoint, a `latest` naming a missing step, or any model / algo field or the rank count differing from what
-    the run trained with. `model.checkpoint` (where the initial weights came from) may move."""
+    checkpoint, a `latest` naming a missing step, a missing or unreadable state file, or any model / algo field or
+    the rank count differing from what the run trained with. Reads files only; writes none."""
     root = checkpoint_root(run_dir)
     tag = latest_tag(run_dir)
     if tag is None:
         return [f"resume=true but {root} has no checkpoint: point run_dir at a run that saved one, or drop resume=true"]
-    if not os.path.isdir(os.path.join(root, tag)):
-        return [f"{os.path.join(root, 'latest')} names {tag!r}, which is not in {root}: restore it or point latest "
-                "at a step that exists"]
-    path = os.path.join(root, tag, RUN_CONFIG)
-    if not os.path.exists(path):
-        return []  # saved before run configs were recorded: nothing to compare
-    with open(path) as f:
-        saved = json.load(f)
+    step_dir = os.path.join(root, tag)
+    if not os.path.isdir(step_dir) or latest_step(run_dir) is None:
+        return [f"{os.path.join(root, 'latest')} names {tag!r}, which is not a step folder in {root}: restore it or "
+                "write the name of a step that exists (e.g. step_<k>) into that file"]
+    saved, problem = read_json(os.path.join(step_dir, RUN_CONFIG))
+    if problem and os.path.exists(os.path.join(step_dir, RUN_CONFIG)):
+        return [problem]
     problems = []
-    for group, now in (("model", dataclasses.asdict(model)), ("algo", dataclasses.asdict(algo))):
-        for key, value in now.items():
-            if key != "checkpoint" and key in saved[group] and saved[group][key] != _plain(value):
-                problems.append(f"{group}.{key}={_plain(value)!r} but the run trained with {saved[group][key]!r}: "
-                                f"resume with {group}.{key}={saved[group][key]!r}, or start a new run_dir")
-    if saved["ranks"] != ranks:
-        problems.append(f"the run trained on {saved['ranks']} rank(s), this command has {ranks}: resume with the "
-                        "same number of ranks")
+    if saved is not None:
+        problems += config_differences(saved["model"], "model", model) + config_differences(saved["algo"], "algo", algo)
+        if saved["ranks"] != ranks:
+            problems.append(f"the run trained on {saved['ranks']} rank(s), this command has {ranks}: resume with the "
+                            "same number of ranks")
+    for rank in range(ranks if not problems else 0):
+        state = os.path.join(step_dir, f"trainer_state_rank{rank}.json")
+        if not os.path.exists(state):
+            problems.append(f"{state} is missing: resume with the number of ranks that saved {tag}")
+        elif read_json(state)[1]:
+            problems.append(read_json(state)[1])
+    if not problems and not any(name.endswith("model_states.pt") for name in os.listdir(step_dir)):
+        problems.append(f"{step_dir} has no DeepSpeed model states (*model_states.pt): the save did not finish; point "
+                        "checkpoints/latest at an earlier step")
     return problems
 
 

@@ -313,6 +313,77 @@ def to_config(cfg: DictConfig | Config) -> Config:
     return obj
 
 
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "algo.name": ("grpo",),
+    "model.attention": ("bidirectional", "causal"),
+    "model.image_resize": ("bicubic", "jpeg_lanczos3"),
+    "deepspeed.zero_stage": (0, 1, 2, 3),
+}
+"""Keys whose value must be one of a few names (the loss options, the LIBERO scene modes and env.name/env.suite are
+checked against the modules that define them)."""
+
+AT_LEAST_1, AT_LEAST_2, AT_LEAST_0 = (">= 1", 1, True), (">= 2", 2, True), (">= 0", 0, True)
+POSITIVE = ("> 0", 0, False)
+
+BOUNDS: dict[str, tuple[str, float, bool]] = {
+    **{f"model.{k}": AT_LEAST_1 for k in ("image_size", "patch_size", "vision_dim", "vision_layers", "hidden_size",
+                                         "num_layers", "num_heads", "intermediate_size", "chunk_len", "action_dim",
+                                         "proprio_dim", "pad_to_multiple_of")},
+    "model.n_bins": AT_LEAST_2,
+    **{f"model.{k}": AT_LEAST_0 for k in ("ordinal_bin_init", "max_text_len", "vocab_size", "num_images")},
+    "env.rollout.pipeline_stage_num": AT_LEAST_1,
+    "env.disagg_sim.nnodes": AT_LEAST_1,
+    **{f"env.{k}": AT_LEAST_1 for k in ("num_tasks", "num_eval_init_states", "max_steps", "num_workers",
+                                       "sims_per_worker", "max_failures")},
+    **{f"env.{k}": AT_LEAST_0 for k in ("num_train_init_states", "camera_resolution", "settle_steps",
+                                       "libero_texture_max_side", "eval_videos_per_task")},
+    "env.max_delta": POSITIVE,
+    "env.step_timeout_s": POSITIVE,
+    **{f"algo.{k}": AT_LEAST_1 for k in ("batch_size", "mini_batches", "micro_batches")},
+    "algo.group_size": AT_LEAST_2,
+    **{f"algo.{k}": POSITIVE for k in ("temperature", "clip_low", "clip_high", "lr")},
+    **{f"algo.{k}": AT_LEAST_0 for k in ("filter_low", "filter_high", "max_resample_rounds", "weight_decay",
+                                        "grad_clip", "tis_cap")},
+    "parallel.ray_num_cpus": AT_LEAST_0,
+    "deepspeed.param_persistence_threshold": AT_LEAST_0,
+    **{f"deepspeed.{k}": AT_LEAST_1 for k in ("prefetch_bucket_size", "max_live_parameters", "sync_bucket_mb",
+                                             "sync_verify_every")},
+    **{f"trainer.{k}": AT_LEAST_1 for k in ("nnodes", "n_rollout_gpus_per_node")},
+    "trainer.n_env_gpus_per_node": AT_LEAST_0,
+    **{k: AT_LEAST_1 for k in ("steps", "eval_every")},
+    **{k: AT_LEAST_0 for k in ("seed", "save_every")},
+}
+"""Every numeric key's range: (phrase, limit, limit allowed). A size or count that reaches a buffer, a division or a
+split is >= 1 wherever zero has no meaning; a test keeps every int and float field listed here."""
+
+UPPER: dict[str, float] = {"algo.clip_low": 1.0, "algo.filter_low": 1.0, "algo.filter_high": 1.0}
+"""Keys that must also stay at or below a limit (clip_low: strictly below, a ratio floor of 0 clips nothing)."""
+
+
+def value_at(cfg: Any, key: str) -> Any:
+    """`cfg`'s value under a dotted key (`env.rollout.pipeline_stage_num`)."""
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def range_problems(cfg: Config) -> list[str]:
+    """Every value outside its range (BOUNDS, UPPER) or its names (CHOICES), one line each with the fix."""
+    problems = []
+    for key, (phrase, limit, inclusive) in BOUNDS.items():
+        value = value_at(cfg, key)
+        if value < limit or (value == limit and not inclusive):
+            problems.append(f"{key}={value} must be {phrase}")
+    for key, top in UPPER.items():
+        value = value_at(cfg, key)
+        if value > top or (key == "algo.clip_low" and value >= top):
+            problems.append(f"{key}={value} must be {'<' if key == 'algo.clip_low' else '<='} {top}")
+    for key, names in CHOICES.items():
+        if value_at(cfg, key) not in names:
+            problems.append(f"{key}={value_at(cfg, key)!r}: choose one of {list(names)}")
+    return problems
+
+
 def _divisors(n: int, limit: int = 64) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
@@ -320,17 +391,22 @@ def _divisors(n: int, limit: int = 64) -> list[int]:
 def validate(cfg: Config, world_size: int = 1) -> Config:
     """Check the arithmetic and the names; raise one ConfigError listing every problem and its fix."""
     from vla_scale.envs.libero import SCENES as LIBERO_SCENES
-    from vla_scale.envs.registry import ENVS, suite_num_tasks
+    from vla_scale.envs.registry import ENVS, env_config_problems, suite_num_tasks
 
-    problems: list[str] = []
+    problems = range_problems(cfg)
+    out_of_range = {line.split("=", 1)[0] for line in problems}
+
+    def sound(*keys: str) -> bool:  # the arithmetic below divides by these values
+        return not out_of_range.intersection(keys)
+
     m, e, a = cfg.model, cfg.env, cfg.algo
     if e.name not in ENVS:
         problems.append(f"env.name={e.name!r} is not a known simulator; choose one of {sorted(ENVS)}")
     elif e.suite not in SUITES.get(e.name, ()):
         problems.append(f"env.suite={e.suite!r} is not a suite of env {e.name!r}; choose one of {SUITES[e.name]}")
-    if m.image_size % m.patch_size:
+    if sound("model.patch_size") and m.image_size % m.patch_size:
         problems.append(f"model.image_size={m.image_size} is not a multiple of model.patch_size={m.patch_size}")
-    if m.hidden_size % m.num_heads or m.vision_dim % m.num_heads:
+    if sound("model.num_heads") and (m.hidden_size % m.num_heads or m.vision_dim % m.num_heads):
         problems.append(
             f"model.hidden_size={m.hidden_size} and model.vision_dim={m.vision_dim} must be multiples of "
             f"model.num_heads={m.num_heads}"
@@ -343,20 +419,16 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
 
     if a.old_logprobs not in OLD_LOGPROBS:
         problems.append(f"algo.old_logprobs={a.old_logprobs!r}: choose one of {OLD_LOGPROBS}")
-    if a.tis_cap < 0 or (a.tis_cap > 0 and a.old_logprobs != "recompute"):
-        problems.append(f"algo.tis_cap={a.tis_cap} needs algo.old_logprobs=recompute and a value >= 0 (0 turns it off)")
+    if a.tis_cap > 0 and a.old_logprobs != "recompute":
+        problems.append(f"algo.tis_cap={a.tis_cap} needs algo.old_logprobs=recompute (0 turns it off)")
     if a.loss_agg not in LOSS_AGGREGATIONS:
         problems.append(f"algo.loss_agg={a.loss_agg!r} is not a loss aggregation; choose one of {LOSS_AGGREGATIONS}")
-    if a.group_size < 2:
-        problems.append(f"algo.group_size={a.group_size} must be >= 2: GRPO normalises within a group")
     if not 0.0 <= a.filter_low <= a.filter_high <= 1.0:
         problems.append(f"need 0 <= algo.filter_low ({a.filter_low}) <= algo.filter_high ({a.filter_high}) <= 1")
     episodes = a.batch_size * a.group_size
     stages = e.rollout.pipeline_stage_num
-    slots = world_size * e.num_workers * e.sims_per_worker * max(stages, 1)
-    if stages < 1:
-        problems.append(f"env.rollout.pipeline_stage_num={stages} must be >= 1")
-    elif episodes % slots:
+    slots = world_size * e.num_workers * e.sims_per_worker * stages
+    if sound("env.num_workers", "env.sims_per_worker", "env.rollout.pipeline_stage_num") and episodes % slots:
         good = [d for d in _divisors(episodes) if d % world_size == 0]
         problems.append(
             f"episodes per step algo.batch_size*algo.group_size = {a.batch_size}*{a.group_size} = {episodes} must "
@@ -364,8 +436,6 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
             f"{e.num_workers}*{e.sims_per_worker}*{stages} = {slots}; make that product one of {good}, "
             "or change the batch"
         )
-    if e.disagg_sim.enable and e.disagg_sim.nnodes < 1:
-        problems.append(f"env.disagg_sim.nnodes={e.disagg_sim.nnodes} must be >= 1 when env.disagg_sim.enable=true")
     if a.mini_batches * a.micro_batches > a.group_size:
         problems.append(
             f"algo.mini_batches*algo.micro_batches = {a.mini_batches}*{a.micro_batches} exceeds algo.group_size="
@@ -381,22 +451,15 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
             f"env.num_train_init_states + env.num_eval_init_states = {e.num_train_init_states} + "
             f"{e.num_eval_init_states} exceeds the {env_cls.NUM_INIT_STATES} init states per task; lower them"
         )
-    if e.num_eval_init_states < 1 or e.num_train_init_states < (0 if e.train_on_eval_states else 1):
-        problems.append("env.num_train_init_states and env.num_eval_init_states must both be >= 1 (the TRAIN split "
-                        "may be 0 with env.train_on_eval_states=true)")
+    if e.num_train_init_states < 1 and not e.train_on_eval_states:
+        problems.append("env.num_train_init_states=0 leaves nothing to train on: set it >= 1, or "
+                        "env.train_on_eval_states=true")
+    if e.name in ENVS:
+        problems += env_config_problems(e)
     if e.libero_scenes not in LIBERO_SCENES:
         problems.append(f"env.libero_scenes={e.libero_scenes!r} is not a LIBERO scene mode; choose one of "
                         f"{list(LIBERO_SCENES)}")
-    if e.settle_steps < 0 or e.libero_texture_max_side < 0:
-        problems.append(f"env.settle_steps={e.settle_steps} and env.libero_texture_max_side="
-                        f"{e.libero_texture_max_side} must be >= 0")
-    if cfg.eval_every < 1 or cfg.steps < 1:
-        problems.append(f"steps={cfg.steps} and eval_every={cfg.eval_every} must be >= 1")
-    if cfg.deepspeed.zero_stage not in (0, 1, 2, 3):
-        problems.append(f"deepspeed.zero_stage={cfg.deepspeed.zero_stage} must be 0, 1, 2 or 3")
     ds = cfg.deepspeed
-    if ds.sync_verify_every < 1:
-        problems.append(f"deepspeed.sync_verify_every={ds.sync_verify_every} must be >= 1 (1 verifies every sync)")
     for key in ("offload_param", "leaf_modules"):
         if getattr(ds, key) and ds.zero_stage != 3:
             problems.append(f"deepspeed.{key}=true needs deepspeed.zero_stage=3 (got {ds.zero_stage})")

@@ -35,7 +35,7 @@ from vla_scale.logging import RunLogger, progress
 from vla_scale.models import PretrainedVLA
 from vla_scale.models.policy import PolicyInputs
 from vla_scale.parallel.actor import Actor, init_distributed
-from vla_scale.parallel.fleet import SimFleet, sim_node_count, start_ray
+from vla_scale.parallel.fleet import SimFleet, ray_address_problem, sim_node_count, start_ray
 from vla_scale.parallel.weight_sync import SyncReport, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop, LoopStats, Trajectory
@@ -64,6 +64,10 @@ class StepBatch:
     episodes: int
 
 
+class RunComplete(Exception):
+    """A resumed run has already reached `steps`: there is nothing to do (the entry script exits 0)."""
+
+
 def make_deterministic() -> None:
     """What makes a same-seed run repeat bit for bit: CPU float sums split over several threads land in an order
     that varies from run to run, so one intra-op thread; on GPU, deterministic kernels (cuBLAS needs its workspace
@@ -88,6 +92,9 @@ class Trainer:
             make_deterministic()
         self.rank, self.world = init_distributed()
         validate(cfg, self.world)
+        unreachable = ray_address_problem(cfg.parallel.ray_address)
+        if unreachable:
+            raise ConfigError(unreachable)
         # policy, tokenizer, processor and action post-processing from one source, checked against the env
         self.vla = PretrainedVLA.for_env(cfg.model, cfg.env)
         self.cfg = cfg = resolved_config(cfg, self.vla)
@@ -96,6 +103,10 @@ class Trainer:
             problems = checkpoint.resume_problems(run_dir, cfg.model, cfg.algo, self.world)
             if problems:
                 raise ConfigError("cannot resume " + run_dir + ":\n  - " + "\n  - ".join(problems))
+            done = checkpoint.latest_step(run_dir)
+            if done is not None and done >= cfg.steps:
+                raise RunComplete(f"{run_dir} is already at step {done} (steps={cfg.steps}): nothing to train, "
+                                  f"no file touched; pass steps=<more than {done}> to continue it")
         self.max_chunks = -(-cfg.env.max_steps // cfg.model.chunk_len)
         self.log = RunLogger(run_dir, self.rank)
         self.tokenizer, self.processor = self.vla.tokenizer, self.vla.processor

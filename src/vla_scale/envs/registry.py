@@ -40,6 +40,20 @@ def env_kwargs(env: EnvConfig) -> dict[str, Any]:
     return {"camera_resolution": env.camera_resolution, "max_steps": env.max_steps, "max_delta": env.max_delta}
 
 
+def env_config_problems(env: EnvConfig) -> list[str]:
+    """What keeps `env.name`'s simulator from starting that can be seen before it starts (LIBERO: its package and
+    scene assets), one line each naming the key or the install step."""
+    if env.name != "libero":
+        return []
+    from vla_scale.envs.libero_install import LiberoNotInstalled, resolve_assets
+
+    try:
+        resolve_assets(env.libero_assets or None)
+    except LiberoNotInstalled as err:
+        return [str(err)]
+    return []
+
+
 def suite_instructions(name: str, suite: str) -> list[str]:
     """Every instruction the tasks of `suite` can give (builds the offline word-level tokenizer)."""
     if name == "reach" and suite == "reach":

@@ -54,17 +54,24 @@ def gathered_buckets(module: nn.Module, bucket_mb: float) -> Iterator[list[tuple
     """
     plan = _bucket_plan(module, bucket_mb)
     ahead: _FlatGather | None = None
-    for i, bucket in enumerate(plan):
-        current = ahead or _start(bucket)
-        following = plan[i + 1] if i + 1 < len(plan) else None
-        ahead = _FlatGather(following) if following and isinstance(current, _FlatGather) and _flat(following) else None
-        if isinstance(current, _FlatGather):
-            yield current.result()
-        else:
-            yield from current
+    try:
+        for i, bucket in enumerate(plan):
+            current = ahead or _start(bucket)
+            following = plan[i + 1] if i + 1 < len(plan) else None
+            flat_next = following and isinstance(current, _FlatGather) and _flat(following)
+            ahead = _FlatGather(following) if flat_next else None
+            if isinstance(current, _FlatGather):
+                yield current.result()
+            else:
+                yield from current
+    finally:  # a consumer that stops early (an error, a failed check) must not free a buffer a gather still fills
+        if ahead is not None:
+            ahead.work.wait()
 
 
 def _bucket_plan(module: nn.Module, bucket_mb: float) -> list[list[tuple[str, nn.Parameter]]]:
+    if not bucket_mb > 0:
+        raise ValueError(f"bucket_mb={bucket_mb} must be > 0 (deepspeed.sync_bucket_mb)")
     limit = bucket_mb * 2**20
     plan: list[list[tuple[str, nn.Parameter]]] = [[]]
     size = 0

@@ -1,0 +1,110 @@
+"""Every class of bad input, through the real entry scripts: one clear error naming the key or the file and the fix,
+given before Ray or any simulator starts (Ray's temp folder stays empty), and nothing in a run directory changes."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import TINY, run_script, script_env
+
+FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "oft_libero_pipeline" / "checkpoint"
+
+
+def refused(script: str, *args: str, code: int = 1) -> str:
+    """Run an entry script that must stop before Ray starts with exit code `code`; its output."""
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths live under it
+    try:
+        proc = run_script(script, *args, env=dict(script_env(), RAY_TMPDIR=ray_tmp), timeout=120)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == code, out[-3000:]
+        assert not any(Path(ray_tmp).iterdir()), "Ray started before the input was checked"
+        assert "Traceback" not in out, out[-3000:]
+        return out
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+CONFIG_CASES = [  # one command per class; each phrase must appear in the error
+    ("zero counts", "train", ["env.sims_per_worker=0", "env.num_workers=-2", "algo.mini_batches=0"],
+     ["env.sims_per_worker=0 must be >= 1", "env.num_workers=-2 must be >= 1", "algo.mini_batches=0 must be >= 1"]),
+    ("zero rates and sizes", "train", ["algo.lr=0", "algo.temperature=0", "deepspeed.sync_bucket_mb=0",
+                                       "env.max_steps=0", "save_every=-1"],
+     ["algo.lr=0.0 must be > 0", "algo.temperature=0.0 must be > 0", "deepspeed.sync_bucket_mb=0 must be >= 1",
+      "env.max_steps=0 must be >= 1", "save_every=-1 must be >= 0"]),
+    ("unknown name", "train", ["algo.name=ppo"], ["algo.name='ppo': choose one of ['grpo']"]),
+    ("missing checkpoint folder", "train", ["model.checkpoint=/nonexistent/oft"],
+     ["model.checkpoint='/nonexistent/oft'", "does not exist"]),
+    ("policy that does not fit the env", "train", ["model=tiny_libero"], ["proprio projector takes 8", "proprio_dim"]),
+    ("missing LIBERO assets", "eval", ["env=libero_spatial", "model=tiny_libero", "env.libero_assets=/nonexistent"],
+     ["/nonexistent has no scenes/", "env.libero_assets"]),
+    ("Ray address nothing answers (train)", "train", ["parallel.ray_address=127.0.0.1:1"],
+     ["parallel.ray_address='127.0.0.1:1'", "within 10 s"]),
+    ("Ray address nothing answers (eval)", "eval", ["parallel.ray_address=127.0.0.1:1"],
+     ["parallel.ray_address='127.0.0.1:1'", "within 10 s"]),
+    ("Ray address that is no address", "train", ["parallel.ray_address=headnode"], ["is not host:port"]),
+]
+
+
+@pytest.mark.parametrize("script,args,phrases", [c[1:] for c in CONFIG_CASES], ids=[c[0] for c in CONFIG_CASES])
+def test_bad_configuration_is_refused_before_anything_starts(tmp_path, script, args, phrases):
+    out = refused(script, *TINY, *args, f"run_dir={tmp_path / 'run'}")
+    for phrase in phrases:
+        assert phrase in out, out[-3000:]
+
+
+def test_a_damaged_checkpoint_file_is_named(tmp_path):
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(FIXTURE, folder)
+    (folder / "config.json").write_text("{not json")
+    out = refused("train", "--config-name", "oft_libero_spatial", f"model.checkpoint={folder}",
+                  f"run_dir={tmp_path / 'run'}")
+    assert f"{folder}/config.json is not readable JSON" in out
+
+
+@pytest.fixture
+def run_copy(saved_run, tmp_path) -> Path:
+    """A copy of the saved 3-step run to point bad commands at."""
+    shutil.copytree(saved_run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+RUN_CASES = [  # (id, overrides, exit code, phrases): resume commands against the run
+    ("another model", ["model.hidden_size=48", "algo.lr=1e-5"], 1,
+     ["model.hidden_size=48 but the run trained with 32", "algo.lr=1e-05 but the run trained with"]),
+    ("already at steps", ["steps=2"], 0, ["is already at step 3 (steps=2): nothing to train"]),
+]
+
+
+@pytest.mark.parametrize("overrides,code,phrases", [c[1:] for c in RUN_CASES], ids=[c[0] for c in RUN_CASES])
+def test_resume_refusals_leave_the_run_as_it_was(run_copy, overrides, code, phrases):
+    before = tree_digest(run_copy)
+    out = refused("train", *TINY, *overrides, f"run_dir={run_copy}", "resume=true", code=code)
+    for phrase in phrases:
+        assert phrase in out, out[-3000:]
+    assert tree_digest(run_copy) == before  # its .hydra record, log, checkpoints and events untouched
+
+
+def test_a_broken_latest_pointer_names_the_file(run_copy):
+    (run_copy / "checkpoints" / "latest").write_text("step_9")
+    before = tree_digest(run_copy)
+    out = refused("train", *TINY, "steps=4", f"run_dir={run_copy}", "resume=true")
+    assert f"{run_copy}/checkpoints/latest names 'step_9'" in out
+    assert tree_digest(run_copy) == before
+
+
+def test_eval_of_a_run_with_another_model_names_the_keys(run_copy, tmp_path):
+    out = refused("eval", *TINY, "model.hidden_size=48", f"checkpoint={run_copy}", f"run_dir={tmp_path / 'eval'}")
+    assert "was trained with another model" in out and "model.hidden_size=48 but the run trained with 32" in out
+    weights = run_copy / "checkpoints" / "step_3" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a copy cut short
+    out = refused("eval", *TINY, f"checkpoint={run_copy}", f"run_dir={tmp_path / 'eval'}")
+    assert f"{weights} is unreadable" in out
