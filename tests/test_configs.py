@@ -115,3 +115,34 @@ def test_every_field_is_documented_and_config_md_is_current():
     assert not missing, f"fields without a docstring: {missing}"
     assert (CONFIGS.parent / "docs" / "CONFIG.md").read_text().strip() == config_markdown().strip(), \
         "docs/CONFIG.md is stale: run `python -m vla_scale.config > docs/CONFIG.md`"
+
+
+def _numeric_keys(schema: type, prefix: str = "") -> list[str]:
+    import dataclasses
+
+    keys = []
+    for f in dataclasses.fields(schema):
+        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
+            keys += _numeric_keys(f.default_factory, f"{prefix}{f.name}.")  # type: ignore[arg-type]
+        elif kind in ("int", "float"):
+            keys.append(prefix + f.name)
+    return keys
+
+
+def test_every_numeric_key_has_a_range_or_choices():
+    from vla_scale.config import BOUNDS, CHOICES
+
+    keys = _numeric_keys(Config)
+    assert len(keys) > 50
+    assert [k for k in keys if k not in BOUNDS and k not in CHOICES] == []
+
+
+@pytest.mark.parametrize("key", ["env.num_workers", "env.sims_per_worker", "algo.mini_batches", "algo.micro_batches",
+                                 "model.patch_size", "model.num_heads", "deepspeed.sync_bucket_mb",
+                                 "deepspeed.prefetch_bucket_size", "env.step_timeout_s", "algo.lr", "steps"])
+def test_a_zero_count_or_size_is_refused_by_name_without_dividing_by_it(key):
+    cfg = load(f"{key}=0")
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert f"{key}=0" in str(err.value) and "must be" in str(err.value)
