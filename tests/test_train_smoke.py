@@ -20,7 +20,7 @@ def test_two_steps_write_every_promised_scalar(tmp_path):
     assert f"run directory: {tmp_path}" in proc.stdout
     scalars = read_scalars(str(tmp_path / "tb"))
     for tag in ["train/success_rate", "eval/success_rate", "train/policy_loss", "train/clip_frac", "train/entropy",
-                "time/rollout_s", "time/update_s", "time/sync_s"]:
+                "time/rollout_s", "time/make_room_s", "time/update_s", "time/recompute_s", "time/sync_s"]:
         assert tag in scalars, tag
     assert [s for s, _ in scalars["train/policy_loss"]] == [1, 2]
     assert [s for s, _ in scalars["eval/success_rate"]] == [0, 1, 2]

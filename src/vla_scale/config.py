@@ -116,6 +116,9 @@ class EnvConfig:
     OpenVLA-OFT limit; SimpleVLA-RL used 512)."""
     max_delta: float = 0.03
     """Reach task: end-effector displacement in metres per env step at |action| = 1."""
+    reach_physics_substeps: int = 0
+    """Reach task: MuJoCo physics steps (mj_step) run after each action (0: none, the task stays kinematic); real
+    simulation work that gives its simulators the cost per env step of a heavier scene (benchmarks/rl_step.py)."""
     settle_steps: int = 10
     """LIBERO: no-op steps after each reset while the objects come to rest (OFT waits 10); not counted in max_steps."""
     libero_assets: str = ""
@@ -336,6 +339,7 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     **{f"env.{k}": AT_LEAST_1 for k in ("num_tasks", "num_eval_init_states", "max_steps", "num_workers",
                                        "sims_per_worker", "max_failures")},
     **{f"env.{k}": AT_LEAST_0 for k in ("num_train_init_states", "camera_resolution", "settle_steps",
+                                       "reach_physics_substeps",
                                        "libero_texture_max_side", "eval_videos_per_task")},
     "env.max_delta": POSITIVE,
     "env.step_timeout_s": POSITIVE,

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -29,7 +31,7 @@ from vla_scale.algo import (
     token_weights,
     truncated_is_weights,
 )
-from vla_scale.config import Config, ConfigError, as_yaml, validate
+from vla_scale.config import Config, ConfigError, EnvConfig, as_yaml, validate
 from vla_scale.envs.types import TaskSpec
 from vla_scale.logging import RunLogger, progress
 from vla_scale.models import PretrainedVLA
@@ -62,6 +64,24 @@ class StepBatch:
     success_rate: float
     rounds: int
     episodes: int
+
+
+class PhaseTimer:
+    """Wall seconds of named phases: `with timer("update"): ...`; `metrics()` gives `time/<name>_s`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        return {f"time/{name}_s": value for name, value in self.seconds.items()}
 
 
 class RunComplete(Exception):
@@ -119,7 +139,7 @@ class Trainer:
         self.step, self.version = 0, 0
         self.groups = cfg.algo.batch_size // self.world  # groups this rank rolls out per step
         self._start_ray()
-        self.fleet = self._start_fleet()
+        self.fleet = self.start_fleet(cfg.env)
         self.loop = EnvLoop(self.fleet, self.engine, self.vla, self.max_chunks)
         self.next_specs: list[TaskSpec] | None = None
         self.events: deque[tuple[str, float]] = deque(maxlen=64)  # (what, when): the recent reset/update overlap
@@ -134,66 +154,45 @@ class Trainer:
             if self.rank > 0:
                 start_ray(p.ray_address or "auto")
 
-    def _start_fleet(self) -> SimFleet:
+    def start_fleet(self, env: EnvConfig) -> SimFleet:
+        """This rank's simulators for `env` (the run's env config, or a variant of it)."""
         cfg = self.cfg
-        disagg = cfg.env.disagg_sim
+        disagg = env.disagg_sim
         if disagg.enable and sim_node_count() < disagg.nnodes:
             raise RuntimeError(
                 f"env.disagg_sim.enable=true expects {disagg.nnodes} simulation node(s) offering the 'sim' resource, "
                 f"the Ray cluster has {sim_node_count()}: start them with `ray start --address=<head>:6379 "
                 "--resources='{\"sim\": 1}'` or lower env.disagg_sim.nnodes"
             )
-        return SimFleet(cfg.env.name, self.vla.simulator_kwargs(cfg.env), self.groups * cfg.algo.group_size,
-                        cfg.env.num_workers, cfg.env.sims_per_worker, cfg.env.step_timeout_s,
-                        stages=cfg.env.rollout.pipeline_stage_num,
-                        max_failures=cfg.env.max_failures, sim_resource=disagg.enable,
-                        in_process=cfg.env.sim_workers_in_trainer)
+        return SimFleet(env.name, self.vla.simulator_kwargs(env), self.groups * cfg.algo.group_size,
+                        env.num_workers, env.sims_per_worker, env.step_timeout_s,
+                        stages=env.rollout.pipeline_stage_num, max_failures=env.max_failures,
+                        sim_resource=disagg.enable, in_process=env.sim_workers_in_trainer)
 
     # ---- the loop -------------------------------------------------------------------------------------------------
-    def train(self) -> dict[str, float]:
-        cfg = self.cfg
-        if cfg.resume:
+    def begin(self) -> None:
+        """Before the first step: the latest checkpoint when resuming, then the first (verified) weight sync."""
+        if self.cfg.resume:
             self.load_latest()
         self._first_sync = self.version
         self.sync(self.version)
         if self.step == 0:
-            self.log.text("config", "```\n" + as_yaml(cfg) + "\n```")
+            self.log.text("config", "```\n" + as_yaml(self.cfg) + "\n```")
+
+    def train(self) -> dict[str, float]:
+        cfg = self.cfg
+        self.begin()
         last: dict[str, float] = {}
         bar = progress(cfg.steps, self.step, cfg.progress and self.rank == 0, "train")
         while self.step < cfg.steps:
             if self.step % cfg.eval_every == 0:
                 last.update(self.evaluate())
-            t0 = time.perf_counter()
-            batch = self.collect()
-            t1 = time.perf_counter()
-            following = self.step + 1
-            if following < cfg.steps and following % cfg.eval_every:  # the next step starts with a rollout
-                self.next_specs = self.sampler.draw(self.groups)
-                self.loop.prefetch(self._episodes(self.next_specs))  # simulators reset while the actor trains
-                self.events.append(("reset_sent", time.perf_counter()))
-            self._make_room_for_update()
-            stats = self.update(batch)
-            self.events.append(("update_done", time.perf_counter()))
-            t2 = time.perf_counter()
-            report = self.sync(self.version + 1)
-            t3 = time.perf_counter()
-            self.step += 1
-            metrics = {
-                "train/success_rate": batch.success_rate,
-                "train/groups_kept": len(batch.groups),
-                "train/rollout_rounds": batch.rounds,
-                "train/episodes": batch.episodes,
-                "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/sync_s": t3 - t2,
-                "sync/version": report.version, "sync/verify_s": report.verify_seconds,
-                "sync/mib": report.bytes / 2**20,
-                **{f"train/{k}": v for k, v in stats.items()},
-                **self.loop.stats.metrics(self.fleet.num_procs),
-            }
-            self.loop.stats = LoopStats()
+            metrics = self.train_step()
             self.log.scalars(metrics, self.step)
             last.update(metrics)
             bar.update(1)
-            bar.set_postfix(success=f"{batch.success_rate:.2f}", eval=f"{last.get('eval/success_rate', 0):.2f}")
+            bar.set_postfix(success=f"{metrics['train/success_rate']:.2f}",
+                            eval=f"{last.get('eval/success_rate', 0):.2f}")
             if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
                 self.save()
         bar.close()
@@ -202,6 +201,42 @@ class Trainer:
             self.save()
         self.log.close()
         return last
+
+    def train_step(self) -> dict[str, float]:
+        """One RL step: rollout (with refills), the update (old log-probs recomputed first where configured), the
+        weight sync; the next step's resets go out before the update so the simulators reset while the actor trains.
+        Returns the step's metrics, its phases timed under `time/`."""
+        cfg = self.cfg
+        timer = PhaseTimer()
+        with timer("rollout"):
+            batch = self.collect()
+        following = self.step + 1
+        if following < cfg.steps and following % cfg.eval_every:  # the next step starts with a rollout
+            self.next_specs = self.sampler.draw(self.groups)
+            self.loop.prefetch(self._episodes(self.next_specs))
+            self.events.append(("reset_sent", time.perf_counter()))
+        with timer("make_room"):
+            self._make_room_for_update()
+        with timer("update"):
+            stats = self.update(batch)
+        self.events.append(("update_done", time.perf_counter()))
+        with timer("sync"):
+            report = self.sync(self.version + 1)
+        self.step += 1
+        metrics = {
+            "train/success_rate": batch.success_rate,
+            "train/groups_kept": len(batch.groups),
+            "train/rollout_rounds": batch.rounds,
+            "train/episodes": batch.episodes,
+            **timer.metrics(),
+            "time/recompute_s": stats.pop("recompute_s", 0.0),
+            "sync/version": report.version, "sync/verify_s": report.verify_seconds,
+            "sync/mib": report.bytes / 2**20,
+            **{f"train/{k}": v for k, v in stats.items()},
+            **self.loop.stats.metrics(self.fleet.num_procs),
+        }
+        self.loop.stats = LoopStats()
+        return metrics
 
     # ---- rollout ----------------------------------------------------------------------------------------------------
     def collect(self) -> StepBatch:
@@ -246,7 +281,9 @@ class Trainer:
         trajs = [t for group in batch.groups for t in group]
         adv = group_advantages(torch.tensor([t.reward for t in trajs]), [t.uid for t in trajs])
         minis = [self._loss_plan(mini, trajs, adv) for mini in self._mini_batches(trajs)]
+        started = time.perf_counter()
         mismatch = self._recompute_old_logprobs(minis) if a.old_logprobs == "recompute" else {}
+        recompute_s = time.perf_counter() - started
         totals: dict[str, float] = {}
         for mb in minis:
             for key, value in self.actor.update([self._micro_batch(mb, part) for part in mb.parts]).items():
@@ -256,6 +293,7 @@ class Trainer:
                     totals[key] = totals.get(key, 0.0) + value / len(minis)
         totals.update(mismatch)
         totals["samples"] = float(sum(len(t) for t in trajs))
+        totals["recompute_s"] = recompute_s
         return totals
 
     def _mini_batches(self, trajs: list[Trajectory]) -> list[list[tuple[int, int]]]:

@@ -92,6 +92,26 @@ def test_deterministic_across_instances() -> None:
         assert np.array_equal(a.proprio, b.proprio)
 
 
+def test_physics_substeps_simulate_without_changing_the_task() -> None:
+    """The cost knob runs real physics steps (simulated time advances by each) and the episode is the same."""
+    task = TaskSpec("reach", 1, 3)
+    chunks = np.random.default_rng(1).uniform(-1, 1, (3, CHUNK, ACTION_DIM))
+    plain, heavy = ReachEnv(max_steps=24), ReachEnv(max_steps=24, physics_substeps=7)
+    try:
+        for env in (plain, heavy):
+            env.reset(task)
+        for chunk in chunks:
+            a, b = plain.step(chunk), heavy.step(chunk)
+            assert (a.reward, a.done, a.success, a.steps_taken) == (b.reward, b.done, b.success, b.steps_taken)
+            assert np.array_equal(a.observation.images[CAMERA], b.observation.images[CAMERA])
+            assert np.array_equal(a.observation.proprio, b.observation.proprio)
+        assert plain.data.time == 0.0
+        assert heavy.data.time == pytest.approx(24 * 7 * heavy.model.opt.timestep)
+    finally:
+        plain.close()
+        heavy.close()
+
+
 def test_init_states_differ(env: ReachEnv) -> None:
     a = env.reset(TaskSpec("reach", 0, 0))
     b = env.reset(TaskSpec("reach", 0, 1))

@@ -101,10 +101,15 @@ class ReachEnv:
     PROPRIO_DIM = PROPRIO_DIM
 
     def __init__(
-        self, camera_resolution: int = 64, max_steps: int = 40, seed: int = 0, max_delta: float = MAX_DELTA
+        self, camera_resolution: int = 64, max_steps: int = 40, seed: int = 0, max_delta: float = MAX_DELTA,
+        physics_substeps: int = 0,
     ) -> None:
-        if camera_resolution < 1 or max_steps < 1:
-            raise ValueError(f"camera_resolution and max_steps must be >= 1, got {camera_resolution}, {max_steps}")
+        """`physics_substeps`: mj_step calls after each action; they cost simulation time (as a heavier scene's
+        physics would) and change nothing the task observes, since its bodies are mocap-driven."""
+        if camera_resolution < 1 or max_steps < 1 or physics_substeps < 0:
+            raise ValueError(f"camera_resolution and max_steps must be >= 1 and physics_substeps >= 0, got "
+                             f"{camera_resolution}, {max_steps}, {physics_substeps}")
+        self.physics_substeps = physics_substeps
         self.camera_resolution = camera_resolution
         self.max_steps = max_steps
         self.max_delta = max_delta
@@ -166,6 +171,8 @@ class ReachEnv:
             pos = self.data.mocap_pos[self._ee_mocap] + action[:3] * self.max_delta
             self.data.mocap_pos[self._ee_mocap] = np.clip(pos, WORKSPACE_LOW, WORKSPACE_HIGH)
             self._gripper = float(action[6])
+            for _ in range(self.physics_substeps):
+                mujoco.mj_step(self.model, self.data)
             self._steps += 1
             taken += 1
             success = self._target_distance() < SUCCESS_RADIUS

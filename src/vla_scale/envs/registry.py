@@ -37,7 +37,8 @@ def env_kwargs(env: EnvConfig) -> dict[str, Any]:
         return {"camera_resolution": env.camera_resolution, "settle_steps": env.settle_steps,
                 "max_steps": env.max_steps, "assets_path": env.libero_assets or None,
                 "texture_max_side": env.libero_texture_max_side, "scenes": env.libero_scenes}
-    return {"camera_resolution": env.camera_resolution, "max_steps": env.max_steps, "max_delta": env.max_delta}
+    return {"camera_resolution": env.camera_resolution, "max_steps": env.max_steps, "max_delta": env.max_delta,
+            "physics_substeps": env.reach_physics_substeps}
 
 
 def env_config_problems(env: EnvConfig) -> list[str]:

@@ -1,0 +1,322 @@
+"""Whole GRPO steps at a model's shape on one device, ours beside the anchors' way of running them, in one process.
+
+    python benchmarks/rl_step.py --model oft_7b                    # one H200: ~10 min
+    python benchmarks/rl_step.py --model oft_7b --sim-ms 26        # simulators as costly per env step as LIBERO's
+    python benchmarks/rl_step.py --model tiny --dry-run            # CPU: the whole script in seconds (make test)
+
+The trainer is built as `launch/train.py` builds it (`Trainer`: the ZeRO-3 actor, the rollout engine on the same
+device, the embedded reach task's simulators in their processes, rendering through EGL), and runs `--steps` RL steps
+(`Trainer.train_step`: rollout, old log-probs recomputed, update, weight sync) in each of two ways, ours first:
+
+- ours: `--stages` pipeline stages, the engine's fast decode of a whole stage at once, the next step's resets sent
+  before the update;
+- anchors (SimpleVLA-RL / RLinf as they run it): one stage, the plain decode with transformers' eager attention in
+  micro-batches of 8, no reset during the update. The update, the recompute and the sync are the same code in both
+  (both recompute old log-probs before one optimizer step per RL step, as SimpleVLA-RL does).
+
+`--sim-ms` gives the reach task's simulators real physics work (`env.reach_physics_substeps`, calibrated here to that
+many CPU ms per env step) so that simulation costs what LIBERO's does: 26 ms of CPU per env step outside rendering,
+measured for libero_spatial on the 2-core CPU machine (docs/performance.md). Per step it prints: rollout (decode busy,
+decode waiting on the simulators, simulator busy and idle per process), recompute, update (seconds and MFU at the
+matmul rate this run measures), colocated-memory moves, sync, env steps/s and peak device memory. After the steps,
+the same update runs alone on the last step's samples (the update's own figure, beside its figure inside the loop).
+Last line: `rl_step: step_speedup=<x.xx> rollout_speedup=<y.yy> update_mfu=<z.zz> peak_gib=<m>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from vla_scale.config import Config, RolloutConfig, register_configs, to_config, validate  # noqa: E402
+from vla_scale.models.processor import PolicyInputs  # noqa: E402
+from vla_scale.rollout.engine import Decoded, RolloutEngine  # noqa: E402
+from vla_scale.rollout.env_loop import EnvLoop  # noqa: E402
+
+ANCHOR_MICRO_BATCH = 8
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode import set_attention  # noqa: E402
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="oft_7b")
+    p.add_argument("--groups", type=int, default=12, help="algo.batch_size: task groups per step")
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--max-steps", type=int, default=64, help="env steps per episode (chunks of 8)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--sims", type=int, default=6, help="simulator processes per worker")
+    p.add_argument("--stages", type=int, default=2)
+    p.add_argument("--steps", type=int, default=2, help="timed RL steps of each way")
+    p.add_argument("--micro-batch", type=int, default=32, help="samples per update micro-batch (about)")
+    p.add_argument("--sim-ms", type=float, default=0.0, help="CPU ms of physics per env step (0: none added)")
+    p.add_argument("--dry-run", action="store_true", help="CPU, small batch: check the script end to end")
+    p.add_argument("--json", default="", help="write every figure here too")
+    return p.parse_args()
+
+
+def trainer_config(args: argparse.Namespace, substeps: int) -> Config:
+    from hydra import compose, initialize_config_dir
+
+    gpu = torch.cuda.is_available()
+    episodes = args.groups * args.group_size
+    samples = episodes * -(-args.max_steps // 8)
+    overrides = [
+        f"model={args.model}", "algo=grpo", f"algo.batch_size={args.groups}", f"algo.group_size={args.group_size}",
+        "algo.mini_batches=1", f"algo.micro_batches={max(1, samples // args.micro_batch)}",
+        "algo.max_resample_rounds=0", "algo.filter_low=0", "algo.filter_high=1",  # every group kept: fixed work
+        "env=reach", f"env.max_steps={args.max_steps}", "env.camera_resolution=0", f"env.num_workers={args.workers}",
+        f"env.sims_per_worker={args.sims}", f"env.rollout.pipeline_stage_num={args.stages}",
+        f"env.reach_physics_substeps={substeps}", "env.step_timeout_s=600", "progress=false", "save_every=0",
+        f"deepspeed={'zero3_bf16' if gpu else 'zero3'}",
+        f"deepspeed.offload_states_during_rollout={str(gpu).lower()}",
+        f"deepspeed.release_engine_during_update={str(gpu).lower()}",
+    ]
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = to_config(compose(config_name="config", overrides=overrides))
+    if args.dry_run:
+        cfg = replace(cfg, model=replace(cfg.model, hidden_size=32, intermediate_size=64, num_layers=1,
+                                         vision_dim=32, num_heads=2))
+    return validate(cfg)
+
+
+def substeps_for(ms: float) -> int:
+    """mj_step calls per env step that cost `ms` of CPU in the reach task's model on this machine."""
+    if ms <= 0:
+        return 0
+    import mujoco
+
+    from vla_scale.envs.reach import ReachEnv
+
+    env = ReachEnv()
+    start = time.process_time()
+    for _ in range(20000):
+        mujoco.mj_step(env.model, env.data)
+    per_step_ms = (time.process_time() - start) / 20000 * 1e3
+    env.close()
+    return max(1, round(ms / per_step_ms))
+
+
+class MicroBatchedPlainDecode:
+    """The anchors' decode: the policy's plain forward with eager attention, 8 observations at a time."""
+
+    def __init__(self, engine: RolloutEngine, micro_batch: int = ANCHOR_MICRO_BATCH):
+        self.engine, self.micro_batch = engine, micro_batch
+
+    def decode(self, batch: PolicyInputs, temperature: float, greedy: bool = False) -> Decoded:
+        parts = []
+        for start in range(0, len(batch), self.micro_batch):
+            rows = slice(start, start + self.micro_batch)
+            parts.append(self.engine.decode(PolicyInputs(*(t[rows] for t in vars(batch).values())), temperature,
+                                            greedy))
+        return Decoded(np.concatenate([d.tokens for d in parts]), np.concatenate([d.logprobs for d in parts]),
+                       np.concatenate([d.actions for d in parts]), parts[0].version)
+
+    def __enter__(self) -> MicroBatchedPlainDecode:
+        self._fast, self.engine.fast = self.engine.fast, None
+        self._attention = set_attention(self.engine.policy, "eager")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.engine.fast = self._fast
+        set_attention(self.engine.policy, self._attention)
+
+
+class SequentialLoop(EnvLoop):
+    """The anchors' env loop: resets only when a rollout begins (none sent ahead during the update)."""
+
+    def prefetch(self, tasks: list) -> None:
+        pass
+
+
+def forward_flops(trainer, batch_rows: int = 2) -> float:
+    """Model FLOPs of one sample's forward (matrix products; FlopCounterMode over the actor's forward)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    trajs = [t for group in trainer.last_batch.groups for t in group]
+    rows = [(trajs[0], k, 0.0, 0) for k in range(min(batch_rows, len(trajs[0])))]
+    inputs, tokens = trainer._inputs_and_tokens(rows)
+    with FlopCounterMode(display=False) as counter:
+        trainer.actor.logprobs(inputs, tokens)
+    return counter.get_total_flops() / len(rows)
+
+
+def matmul_rate(device: torch.device) -> float:
+    size, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (512, torch.float32)
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    times = []
+    for _ in range(12):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        a @ a
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / float(np.median(times[2:]))
+
+
+def peak_gib(device: torch.device) -> float:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+
+
+def keep_batches(trainer) -> None:
+    """The trainer keeps each step's samples (`trainer.last_batch`) for the FLOP count and the update alone."""
+    collect = trainer.collect
+
+    def collect_and_keep():
+        trainer.last_batch = collect()
+        return trainer.last_batch
+
+    trainer.collect = collect_and_keep
+
+
+def timed_step(trainer, way: str) -> dict[str, float]:
+    device = trainer.actor.device
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    m = trainer.train_step()
+    m["step_s"] = time.perf_counter() - start
+    m["peak_gib"] = peak_gib(device)
+    m["way"] = way
+    return m
+
+
+def update_alone(trainer) -> float:
+    """Seconds of `Actor.update` on the last step's samples, micro-batches built beforehand (nothing else timed)."""
+    from vla_scale.algo import group_advantages
+
+    trajs = [t for group in trainer.last_batch.groups for t in group]
+    adv = group_advantages(torch.tensor([t.reward for t in trajs]), [t.uid for t in trajs])
+    plans = [trainer._loss_plan(mini, trajs, adv) for mini in trainer._mini_batches(trajs)]
+    micro = [[trainer._micro_batch(mb, part) for part in mb.parts] for mb in plans]
+    trainer._make_room_for_update()
+    device = trainer.actor.device
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for mbs in micro:
+        trainer.actor.update(mbs)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    trainer.sync(trainer.version + 1)
+    return seconds
+
+
+COLUMNS = [("way", "way", "{}"), ("step_s", "step s", "{:.1f}"), ("time/rollout_s", "rollout s", "{:.1f}"),
+           ("decode_s", "decode busy", "{:.1f}"), ("rollout/decode_wait_s", "decode waits", "{:.1f}"),
+           ("sim_busy_s", "sim busy/proc", "{:.1f}"), ("sim_idle_s", "sim idle/proc", "{:.1f}"),
+           ("time/recompute_s", "recompute s", "{:.1f}"), ("update_only_s", "update s", "{:.1f}"),
+           ("update_mfu", "update MFU", "{:.1%}"), ("time/make_room_s", "moves s", "{:.1f}"),
+           ("time/sync_s", "sync s", "{:.2f}"), ("rollout/env_steps_per_s", "env steps/s", "{:.0f}"),
+           ("train/samples", "samples", "{:.0f}"), ("peak_gib", "peak GiB", "{:.1f}")]
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(fmt.format(r[key]) for key, _, fmt in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = parse()
+    if args.dry_run:
+        args.groups, args.group_size, args.max_steps, args.workers, args.sims = 2, 4, 16, 1, 2
+        args.steps, args.micro_batch = 1, 8
+    from vla_scale.trainer import Trainer
+
+    substeps = substeps_for(args.sim_ms)
+    cfg = trainer_config(args, substeps)
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg, tempfile.mkdtemp(prefix="rl_step_"))
+    trainer.begin()
+    keep_batches(trainer)
+    setup_s = time.perf_counter() - t0
+    device = trainer.actor.device
+    rate = matmul_rate(device)
+    procs = trainer.fleet.num_procs
+    print(f"rl_step setup {setup_s:.1f}s: model={cfg.model.name} device={device} episodes/step="
+          f"{cfg.algo.batch_size * cfg.algo.group_size} max_steps={cfg.env.max_steps} sim procs={procs} "
+          f"stages={cfg.env.rollout.pipeline_stage_num} physics substeps/env step={substeps} (--sim-ms {args.sim_ms}) "
+          f"matmul {rate / 1e12:.1f} TFLOP/s", flush=True)
+    rows: list[dict] = []
+    flops = 0.0
+    ours_fleet, ours_loop = trainer.fleet, trainer.loop
+    anchor_env = replace(cfg.env, rollout=RolloutConfig(pipeline_stage_num=1))
+    for way in ("ours", "anchors"):
+        if way == "anchors":
+            ours_loop.cancel_prefetch()
+            trainer.next_specs = None
+            trainer.fleet = trainer.start_fleet(anchor_env)
+            plain = MicroBatchedPlainDecode(trainer.engine)
+            trainer.loop = SequentialLoop(trainer.fleet, plain, trainer.vla, trainer.max_chunks)  # type: ignore[arg-type]
+            context = plain
+        else:
+            context = None
+        with context or nullcontext():
+            for _ in range(args.steps):
+                m = timed_step(trainer, way)
+                if not flops:
+                    flops = forward_flops(trainer)
+                m["update_only_s"] = m["time/update_s"] - m["time/recompute_s"]
+                m["update_mfu"] = 3 * flops * m["train/samples"] / m["update_only_s"] / rate
+                m["decode_s"] = m["rollout/decode_utilisation"] * m["time/rollout_s"]
+                m["sim_busy_s"] = m["rollout/env_utilisation"] * m["time/rollout_s"]
+                m["sim_idle_s"] = m["rollout/env_wait_s"] / trainer.fleet.num_procs
+                rows.append(m)
+                print(table([m]).splitlines()[-1], flush=True)
+        if way == "anchors":
+            trainer.fleet.close()
+            trainer.fleet, trainer.loop = ours_fleet, ours_loop
+    alone_s = update_alone(trainer)
+    samples = float(sum(len(t) for g in trainer.last_batch.groups for t in g))
+    alone_mfu = 3 * flops * samples / alone_s / rate
+    trainer.close()
+
+    ours = [r for r in rows if r["way"] == "ours"]
+    anchors = [r for r in rows if r["way"] == "anchors"]
+
+    def mean(rs: list[dict], key: str) -> float:
+        return float(np.mean([r[key] for r in rs]))
+
+    step_speedup = mean(anchors, "step_s") / mean(ours, "step_s")
+    rollout_speedup = mean(anchors, "time/rollout_s") / mean(ours, "time/rollout_s")
+    update_mfu = mean(ours, "update_mfu")
+    peak = max(r["peak_gib"] for r in rows)
+    print("\n" + table(rows))
+    print(f"\nforward {flops / 1e12:.3f} TFLOP per sample; update FLOPs = 3 x forward x samples; MFU against "
+          f"{rate / 1e12:.1f} TFLOP/s (this run's {'8192^3 bf16' if device.type == 'cuda' else '512^3 fp32'} matmul)")
+    print(f"update alone on the last step's {samples:.0f} samples: {alone_s:.1f}s, MFU {alone_mfu:.1%}; inside the "
+          f"loop (ours, mean): {update_mfu:.1%} ({update_mfu / alone_mfu:.2f} of alone)")
+    print(f"step_speedup = {mean(anchors, 'step_s'):.1f} / {mean(ours, 'step_s'):.1f}; rollout_speedup = "
+          f"{mean(anchors, 'time/rollout_s'):.1f} / {mean(ours, 'time/rollout_s'):.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "setup_s": setup_s, "substeps": substeps, "matmul_flops": rate,
+                       "forward_flops": flops, "alone_s": alone_s, "alone_mfu": alone_mfu, "rows": rows}, f, indent=1)
+    print(f"rl_step: step_speedup={step_speedup:.2f} rollout_speedup={rollout_speedup:.2f} "
+          f"update_mfu={update_mfu:.2f} peak_gib={peak:.1f}", flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # Ray's and DeepSpeed's threads can hold the interpreter at exit
+
+
+if __name__ == "__main__":
+    main()
