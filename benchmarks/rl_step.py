@@ -62,7 +62,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--sims", type=int, default=6, help="simulator processes per worker")
     p.add_argument("--stages", type=int, default=2)
     p.add_argument("--steps", type=int, default=2, help="timed RL steps of each way")
-    p.add_argument("--micro-batch", type=int, default=32, help="samples per update micro-batch (about)")
+    p.add_argument("--micro-batch", type=int, default=16, help="samples per update micro-batch (about)")
     p.add_argument("--sim-ms", type=float, default=0.0, help="CPU ms of physics per env step (0: none added)")
     p.add_argument("--dry-run", action="store_true", help="CPU, small batch: check the script end to end")
     p.add_argument("--json", default="", help="write every figure here too")
@@ -76,7 +76,8 @@ def trainer_config(args: argparse.Namespace, substeps: int) -> Config:
     episodes = args.groups * args.group_size
     samples = episodes * -(-args.max_steps // 8)
     overrides = [
-        f"model={args.model}", "algo=grpo", f"algo.batch_size={args.groups}", f"algo.group_size={args.group_size}",
+        f"model={args.model}", "model.proprio_dim=4",  # the reach task's proprio
+        "algo=grpo", f"algo.batch_size={args.groups}", f"algo.group_size={args.group_size}",
         "algo.mini_batches=1", f"algo.micro_batches={max(1, samples // args.micro_batch)}",
         "algo.max_resample_rounds=0", "algo.filter_low=0", "algo.filter_high=1",  # every group kept: fixed work
         "env=reach", f"env.max_steps={args.max_steps}", "env.camera_resolution=0", f"env.num_workers={args.workers}",
@@ -142,6 +143,23 @@ class SequentialLoop(EnvLoop):
 
     def prefetch(self, tasks: list) -> None:
         pass
+
+
+def warm_up(trainer, cfg: Config) -> float:
+    """Compile the engine's fast path (once, for every batch size) before anything is timed; seconds it took."""
+    from vla_scale.envs.reach import instructions
+
+    start = time.perf_counter()
+    rng = np.random.default_rng(0)
+    vla, m = trainer.vla, cfg.model
+    for batch in (3, trainer.fleet.size // cfg.env.rollout.pipeline_stage_num):
+        cams = len(vla.cameras)
+        images = rng.integers(0, 256, (batch, cams, m.image_size, m.image_size, 3), dtype=np.uint8)
+        proprio = rng.uniform(-1, 1, (batch, m.proprio_dim)).astype(np.float32)
+        texts = [instructions()[i % 3] for i in range(batch)]
+        inputs = vla.processor.from_prepared(images, texts, proprio)
+        trainer.engine.decode(inputs, cfg.algo.temperature)
+    return time.perf_counter() - start
 
 
 def forward_flops(trainer, batch_rows: int = 2) -> float:
@@ -250,13 +268,14 @@ def main() -> None:
     trainer.begin()
     keep_batches(trainer)
     setup_s = time.perf_counter() - t0
+    warm_s = warm_up(trainer, cfg)
     device = trainer.actor.device
     rate = matmul_rate(device)
     procs = trainer.fleet.num_procs
     print(f"rl_step setup {setup_s:.1f}s: model={cfg.model.name} device={device} episodes/step="
           f"{cfg.algo.batch_size * cfg.algo.group_size} max_steps={cfg.env.max_steps} sim procs={procs} "
           f"stages={cfg.env.rollout.pipeline_stage_num} physics substeps/env step={substeps} (--sim-ms {args.sim_ms}) "
-          f"matmul {rate / 1e12:.1f} TFLOP/s", flush=True)
+          f"matmul {rate / 1e12:.1f} TFLOP/s; decode warm-up (compile) {warm_s:.1f}s", flush=True)
     rows: list[dict] = []
     flops = 0.0
     ours_fleet, ours_loop = trainer.fleet, trainer.loop

@@ -440,10 +440,13 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
             f"{e.num_workers}*{e.sims_per_worker}*{stages} = {slots}; make that product one of {good}, "
             "or change the batch"
         )
-    if a.mini_batches * a.micro_batches > a.group_size:
+    filtering = a.filter_low > 0 or a.filter_high < 1  # else every group is kept
+    fewest = a.group_size if filtering else episodes // world_size
+    if a.mini_batches * a.micro_batches > fewest:
         problems.append(
-            f"algo.mini_batches*algo.micro_batches = {a.mini_batches}*{a.micro_batches} exceeds algo.group_size="
-            f"{a.group_size}, the fewest episodes an update can get (one kept group); lower them"
+            f"algo.mini_batches*algo.micro_batches = {a.mini_batches}*{a.micro_batches} exceeds {fewest}, the fewest "
+            + ("episodes an update can get (one group kept by algo.filter_low/filter_high)" if filtering else
+               "episodes a rank updates on") + "; lower them"
         )
     env_cls = ENVS.get(e.name)
     suite_tasks = suite_num_tasks(e.name, e.suite) if e.suite in SUITES.get(e.name, ()) else None
