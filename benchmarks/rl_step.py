@@ -62,6 +62,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--sims", type=int, default=6, help="simulator processes per worker")
     p.add_argument("--stages", type=int, default=2)
     p.add_argument("--steps", type=int, default=2, help="timed RL steps of each way")
+    p.add_argument("--warmup-steps", type=int, default=1,
+                   help="untimed steps first (the optimizer state's first allocation and pinning happen in them)")
     p.add_argument("--micro-batch", type=int, default=16, help="samples per update micro-batch (about)")
     p.add_argument("--sim-ms", type=float, default=0.0, help="CPU ms of physics per env step (0: none added)")
     p.add_argument("--dry-run", action="store_true", help="CPU, small batch: check the script end to end")
@@ -80,7 +82,8 @@ def trainer_config(args: argparse.Namespace, substeps: int) -> Config:
         "algo=grpo", f"algo.batch_size={args.groups}", f"algo.group_size={args.group_size}",
         "algo.mini_batches=1", f"algo.micro_batches={max(1, samples // args.micro_batch)}",
         "algo.max_resample_rounds=0", "algo.filter_low=0", "algo.filter_high=1",  # every group kept: fixed work
-        "env=reach", f"env.max_steps={args.max_steps}", "env.camera_resolution=0", f"env.num_workers={args.workers}",
+        "env=reach", "env.max_delta=1e-9",  # the end effector stays put: no episode ends early, the same work
+        f"env.max_steps={args.max_steps}", "env.camera_resolution=0", f"env.num_workers={args.workers}",
         f"env.sims_per_worker={args.sims}", f"env.rollout.pipeline_stage_num={args.stages}",
         f"env.reach_physics_substeps={substeps}", "env.step_timeout_s=600", "progress=false", "save_every=0",
         f"deepspeed={'zero3_bf16' if gpu else 'zero3'}",
@@ -258,7 +261,7 @@ def main() -> None:
     args = parse()
     if args.dry_run:
         args.groups, args.group_size, args.max_steps, args.workers, args.sims = 2, 4, 16, 1, 2
-        args.steps, args.micro_batch = 1, 8
+        args.steps, args.micro_batch, args.warmup_steps = 1, 8, 0
     from vla_scale.trainer import Trainer
 
     substeps = substeps_for(args.sim_ms)
@@ -276,6 +279,10 @@ def main() -> None:
           f"{cfg.algo.batch_size * cfg.algo.group_size} max_steps={cfg.env.max_steps} sim procs={procs} "
           f"stages={cfg.env.rollout.pipeline_stage_num} physics substeps/env step={substeps} (--sim-ms {args.sim_ms}) "
           f"matmul {rate / 1e12:.1f} TFLOP/s; decode warm-up (compile) {warm_s:.1f}s", flush=True)
+    for _ in range(args.warmup_steps):
+        m = timed_step(trainer, "warm-up")
+        print(f"warm-up step {m['step_s']:.1f}s (sync {m['time/sync_s']:.1f}s, update {m['time/update_s']:.1f}s)",
+              flush=True)
     rows: list[dict] = []
     flops = 0.0
     ours_fleet, ours_loop = trainer.fleet, trainer.loop
