@@ -1,0 +1,24 @@
+"""Benchmarks that `make test` runs as CPU dry runs: the whole script on the tiny model, its promised last line."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import script_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_rl_step_dry_run_prints_both_ways_and_the_last_line():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rl_step.py"), "--model", "tiny", "--dry-run"],
+                          cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert re.fullmatch(r"rl_step: step_speedup=\d+\.\d\d rollout_speedup=\d+\.\d\d update_mfu=\d+\.\d\d "
+                        r"peak_gib=(nan|\d+\.\d)", lines[-1]), lines[-1]
+    rows = [line for line in lines if line.startswith(("| ours |", "| anchors |"))]
+    assert {row.split("|")[1].strip() for row in rows} == {"ours", "anchors"}
+    assert "update alone on the last step's" in proc.stdout
