@@ -178,7 +178,7 @@ def agreement(fast: RolloutEngine, plain: RolloutEngine, ref: RolloutEngine, bat
     out["greedy_fast_vs_plain_bf16"] = float((greedy["fast"] == greedy["plain"]).mean())
     sampled = {}
     for name, e in (("fast", fast), ("plain", plain), ("ref", ref)):
-        e.set_seed(1234)
+        e.generator.manual_seed(1234)
         sampled[name] = e.decode(batch, TEMPERATURE)
     out["sampled_fast_vs_fp32"] = float((sampled["fast"].tokens == sampled["ref"].tokens).mean())
     out["sampled_plain_bf16_vs_fp32"] = float((sampled["plain"].tokens == sampled["ref"].tokens).mean())

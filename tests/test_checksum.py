@@ -3,10 +3,15 @@
 import pytest
 import torch
 
-from vla_scale.checksum import fingerprints, tensor_fingerprint, weights_checksum
+from vla_scale.checksum import fingerprints, weights_checksum
 
 SHAPES = [(1, torch.float32), (3, torch.bfloat16), (2048, torch.bfloat16), (4099, torch.float32),
           (3 * 1024 + 5, torch.int8), (70000, torch.bfloat16), (0, torch.float32)]
+
+
+def tensor_fingerprint(tensor: torch.Tensor) -> torch.Tensor:
+    """One tensor's fingerprint, int64[4], from a batch of one."""
+    return fingerprints([tensor])[0]
 
 
 def _tensors() -> list[torch.Tensor]:

@@ -157,11 +157,6 @@ def _bodies(flats: list[Tensor], members: list[int], size: int) -> Iterator[tupl
         yield part, torch.stack([flats[i][:size] for i in part]) if len(part) > 1 else flats[part[0]][:size][None]
 
 
-def tensor_fingerprint(tensor: Tensor) -> Tensor:
-    """int64[4] on the tensor's device."""
-    return fingerprints([tensor])[0]
-
-
 def _key(name: str, tensor: Tensor) -> str:
     return f"{name}:{tuple(tensor.shape)}:{tensor.dtype}"
 

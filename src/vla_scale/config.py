@@ -149,6 +149,28 @@ class EnvConfig:
     disagg_sim: DisaggSimConfig = field(default_factory=DisaggSimConfig)
     """Simulators on separate nodes (disaggregated mode)."""
 
+    def simulator_kwargs(self) -> dict[str, Any]:
+        """The constructor kwargs of `name`'s simulator (`envs.registry.make_env(name, **kwargs)`)."""
+        if self.name == "libero":
+            return {"camera_resolution": self.camera_resolution, "settle_steps": self.settle_steps,
+                    "max_steps": self.max_steps, "assets_path": self.libero_assets or None,
+                    "texture_max_side": self.libero_texture_max_side, "scenes": self.libero_scenes}
+        return {"camera_resolution": self.camera_resolution, "max_steps": self.max_steps,
+                "max_delta": self.max_delta, "physics_substeps": self.reach_physics_substeps}
+
+    def startup_problems(self) -> list[str]:
+        """What keeps the simulator from starting that can be seen before it starts (LIBERO: its package and scene
+        assets), one line each naming the key or the install step."""
+        if self.name != "libero":
+            return []
+        from vla_scale.envs.libero_install import LiberoNotInstalled, resolve_assets
+
+        try:
+            resolve_assets(self.libero_assets or None)
+        except LiberoNotInstalled as err:
+            return [str(err)]
+        return []
+
 
 @dataclass
 class AlgoConfig:
@@ -395,7 +417,7 @@ def _divisors(n: int, limit: int = 64) -> list[int]:
 def validate(cfg: Config, world_size: int = 1) -> Config:
     """Check the arithmetic and the names; raise one ConfigError listing every problem and its fix."""
     from vla_scale.envs.libero import SCENES as LIBERO_SCENES
-    from vla_scale.envs.registry import ENVS, env_config_problems, suite_num_tasks
+    from vla_scale.envs.registry import ENVS, suite_num_tasks
 
     problems = range_problems(cfg)
     out_of_range = {line.split("=", 1)[0] for line in problems}
@@ -462,7 +484,7 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
         problems.append("env.num_train_init_states=0 leaves nothing to train on: set it >= 1, or "
                         "env.train_on_eval_states=true")
     if e.name in ENVS:
-        problems += env_config_problems(e)
+        problems += e.startup_problems()
     if e.libero_scenes not in LIBERO_SCENES:
         problems.append(f"env.libero_scenes={e.libero_scenes!r} is not a LIBERO scene mode; choose one of "
                         f"{list(LIBERO_SCENES)}")

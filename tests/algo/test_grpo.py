@@ -8,18 +8,15 @@ import pytest
 import torch
 
 from vla_scale.algo import (
-    GroupStats,
     clipped_policy_loss,
     executed_action_mask,
     group_advantages,
     group_success_filter,
     logprob_mismatch,
     logprobs_from_logits,
-    summarize_groups,
     token_entropy,
     token_weights,
     truncated_is_weights,
-    valid_step_mask,
 )
 
 
@@ -58,7 +55,6 @@ def test_advantages_tensor_uids_match_string_uids():
     by_tensor = group_advantages(rewards, tensor_uids)
     assert_close(by_tensor, by_str)
     assert by_str.abs().sum() > 0
-    assert summarize_groups(rewards, tensor_uids).n_groups == 2
 
 
 def test_advantages_equal_nonbinary_rewards_are_exactly_zero():
@@ -113,59 +109,6 @@ def test_filter_custom_bounds():
     rewards, uids = _groups([(1, 4), (2, 4), (3, 4)])
     keep = group_success_filter(rewards, uids, low=0.5, high=0.5)
     assert {u for u, k in zip(uids, keep.tolist(), strict=True) if k} == {"g1"}
-
-
-def test_summarize_groups_counts():
-    rewards, uids = _groups([(0, 4), (0, 4), (2, 4), (4, 4), (1, 4)])
-    stats = summarize_groups(rewards, uids, low=0.1, high=0.9)
-    assert stats == GroupStats(
-        n_groups=5, n_kept=2, n_too_hard=2, n_too_easy=1, n_episodes_kept=8, mean_reward=pytest.approx(7 / 20)
-    )
-
-
-# ---------------------------------------------------------------- valid step mask
-
-
-def test_valid_step_mask_cases():
-    t, f = True, False
-    success = torch.tensor(
-        [
-            [f, f, t, f, f],  # first success at 2, env kept stepping
-            [f, f, f, f, f],  # never succeeds, ran 3 steps
-            [f, t, f, t, f],  # two successes: only the first counts
-            [t, f, f, f, f],  # success at the first step
-            [f, f, t, f, f],  # success flagged after the episode ended: changes nothing
-        ]
-    )
-    executed = torch.tensor(
-        [
-            [t, t, t, t, t],
-            [t, t, t, f, f],
-            [t, t, t, t, t],
-            [t, t, t, t, t],
-            [t, t, f, f, f],
-        ]
-    )
-    expected = torch.tensor(
-        [
-            [t, t, t, f, f],
-            [t, t, t, f, f],
-            [t, t, f, f, f],
-            [t, f, f, f, f],
-            [t, t, f, f, f],
-        ]
-    )
-    assert torch.equal(valid_step_mask(success, executed), expected)
-
-
-def test_valid_step_mask_executed_is_a_prefix_and_default_all():
-    success = torch.zeros(1, 4, dtype=torch.bool)
-    hole = torch.tensor([[True, False, True, True]])
-    assert torch.equal(valid_step_mask(success, hole), torch.tensor([[True, False, False, False]]))
-    assert torch.equal(valid_step_mask(torch.tensor([[False, True, False]])), torch.tensor([[True, True, False]]))
-
-
-# ---------------------------------------------------------------- clipped loss
 
 
 def _leaf(values: list[list[float]]) -> torch.Tensor:

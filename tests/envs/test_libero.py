@@ -149,17 +149,16 @@ def test_scene_modes_are_checked_and_passed_from_the_config() -> None:
     from hydra import compose, initialize_config_dir
 
     from vla_scale.config import ConfigError, register_configs, to_config, validate
-    from vla_scale.envs.registry import env_kwargs
 
     with pytest.raises(ValueError, match="scenes must be one of"):
         libero.LiberoEnv(scenes="published")
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = to_config(compose(config_name="config", overrides=["env=libero_spatial"]))
-        assert cfg.env.libero_scenes == "per_episode" and env_kwargs(cfg.env)["scenes"] == "per_episode"
+        assert cfg.env.libero_scenes == "per_episode" and cfg.env.simulator_kwargs()["scenes"] == "per_episode"
         official = to_config(compose(config_name="config", overrides=["env=libero_spatial",
                                                                       "env.libero_scenes=official"]))
-        assert env_kwargs(validate(official).env)["scenes"] == "official"
+        assert validate(official).env.simulator_kwargs()["scenes"] == "official"
         bad = to_config(compose(config_name="config", overrides=["env=libero_spatial", "env.libero_scenes=oft"]))
     with pytest.raises(ConfigError, match="env.libero_scenes='oft'"):
         validate(bad)

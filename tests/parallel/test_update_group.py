@@ -63,19 +63,19 @@ def _trainer(rank: int, trainer_port: int, update_port: int, out: mp.Queue) -> N
 
 
 def _engine(update_port: int, out: mp.Queue) -> None:
-    from vla_scale.parallel.update_group import receive_sync
+    from vla_scale.parallel.update_group import WeightReceiver
     from vla_scale.rollout.engine import RolloutEngine
 
     torch.manual_seed(1)  # different weights from the actor's until the first sync
     engine = RolloutEngine(build_policy(CFG, WordTokenizer.from_instructions(instructions())))
     out.put(("engine_before", engine.checksum()))
-    engine.init_weights_update_group("127.0.0.1", update_port, rank_offset=1, world_size=2)
+    receiver = WeightReceiver.connect(engine, "127.0.0.1", update_port, rank_offset=1, world_size=2)
     for _ in (1, 2):
-        report = receive_sync(engine)
+        report = receiver.receive_sync()
         out.put(("engine", report.version, engine.checksum(), engine.version))
     engine.policy.double()  # can no longer hold the actor's fp32 bytes exactly
     try:
-        receive_sync(engine)
+        receiver.receive_sync()
         out.put(("engine_v3", "ok"))
     except RuntimeError as err:
         out.put(("engine_v3", str(err)))

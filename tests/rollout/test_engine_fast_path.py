@@ -103,8 +103,8 @@ def test_fast_logits_equal_plain_logits(engines):
 @pytest.mark.parametrize("greedy", [True, False])
 def test_fast_decode_gives_the_plain_tokens_log_probs_and_actions(engines, greedy):
     plain, fast, batch = engines
-    plain.set_seed(11)
-    fast.set_seed(11)
+    plain.generator.manual_seed(11)
+    fast.generator.manual_seed(11)
     want, got = plain.decode(batch, 1.6, greedy), fast.decode(batch, 1.6, greedy)
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=0, atol=2e-5)

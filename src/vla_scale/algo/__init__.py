@@ -3,33 +3,27 @@
 from vla_scale.algo.grpo import (
     LOSS_AGGREGATIONS,
     OLD_LOGPROBS,
-    GroupStats,
     clipped_policy_loss,
     executed_action_mask,
     group_advantages,
     group_success_filter,
     logprob_mismatch,
     logprobs_from_logits,
-    summarize_groups,
     token_entropy,
     token_weights,
     truncated_is_weights,
-    valid_step_mask,
 )
 
 __all__ = [
     "LOSS_AGGREGATIONS",
     "OLD_LOGPROBS",
-    "GroupStats",
     "clipped_policy_loss",
     "executed_action_mask",
     "group_advantages",
     "group_success_filter",
     "logprob_mismatch",
     "logprobs_from_logits",
-    "summarize_groups",
     "token_entropy",
     "token_weights",
     "truncated_is_weights",
-    "valid_step_mask",
 ]

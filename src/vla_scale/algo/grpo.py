@@ -7,7 +7,6 @@ Every function is pure (no state, no I/O) and imports only torch, so the math ca
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -97,58 +96,6 @@ def group_success_filter(
     index, n_groups = _group_index(uids, rewards.shape[0], rewards.device)
     _, means = _group_means(rewards, index, n_groups)
     return _group_keep(means, low, high)[index]
-
-
-@dataclass(frozen=True)
-class GroupStats:
-    """How many groups the dynamic-sampling filter kept and why the others were dropped."""
-
-    n_groups: int
-    n_kept: int
-    n_too_hard: int  # group mean < low (e.g. every episode failed)
-    n_too_easy: int  # group mean > high (e.g. every episode succeeded)
-    n_episodes_kept: int
-    mean_reward: float  # over all episodes, kept or not
-
-
-def summarize_groups(
-    rewards: Tensor, uids: Sequence[Hashable] | Tensor, low: float = 0.1, high: float = 0.9
-) -> GroupStats:
-    """Counts of kept / dropped groups under ``group_success_filter(rewards, uids, low, high)``, for reporting."""
-    _check_rewards(rewards)
-    index, n_groups = _group_index(uids, rewards.shape[0], rewards.device)
-    counts, means = _group_means(rewards, index, n_groups)
-    keep = _group_keep(means, low, high)
-    return GroupStats(
-        n_groups=n_groups,
-        n_kept=int(keep.sum()),
-        n_too_hard=int((means < low - _BOUND_TOL).sum()),
-        n_too_easy=int((means > high + _BOUND_TOL).sum()),
-        n_episodes_kept=int(counts[keep].sum()),
-        mean_reward=float(rewards.double().mean()) if rewards.numel() else 0.0,
-    )
-
-
-def valid_step_mask(success: Tensor, executed: Tensor | None = None) -> Tensor:
-    """Chunk steps that enter the loss: executed steps up to AND including the first success; bool [N, T].
-
-    valid[i, t] = executed_prefix[i, t] and no success at any step t' < t.
-    ``executed`` marks the chunk steps that were actually run (None: all). It is read as a prefix: a step after the
-    first non-executed one is treated as after the episode's end, even if flagged. An episode that never succeeds
-    keeps all its executed steps. Steps after the first success are excluded because the env loop may keep stepping a
-    finished episode in lock-step with the batch; those actions did not influence the reward.
-    """
-    if success.dim() != 2:
-        raise ValueError(f"success must be [N, T], got shape {tuple(success.shape)}")
-    success = success.bool()
-    if executed is None:
-        executed = torch.ones_like(success)
-    if executed.shape != success.shape:
-        raise ValueError(f"executed shape {tuple(executed.shape)} != success shape {tuple(success.shape)}")
-    ran = torch.cumprod(executed.bool().long(), dim=1).bool()
-    hits = success.long()
-    successes_before = torch.cumsum(hits, dim=1) - hits
-    return ran & (successes_before == 0)
 
 
 LOSS_AGGREGATIONS = ("token_mean", "trajectory_mean")

@@ -5,14 +5,11 @@ Simulator processes import this module, so it imports no torch and no config mac
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vla_scale.envs.libero import LiberoEnv
 from vla_scale.envs.reach import ReachEnv
 from vla_scale.envs.types import Env
-
-if TYPE_CHECKING:
-    from vla_scale.config import EnvConfig
 
 ENVS: dict[str, type] = {"reach": ReachEnv, "libero": LiberoEnv}
 
@@ -29,30 +26,6 @@ def make_env(name: str, image_prep: dict[str, Any] | None = None, **kwargs: Any)
     from vla_scale.envs.official_images import ImagePrep
 
     return PreparedImages(env, ImagePrep(**{**image_prep, "cameras": tuple(image_prep.get("cameras", ()))}))
-
-
-def env_kwargs(env: EnvConfig) -> dict[str, Any]:
-    """The constructor kwargs of `env.name`'s simulator, taken from the env config."""
-    if env.name == "libero":
-        return {"camera_resolution": env.camera_resolution, "settle_steps": env.settle_steps,
-                "max_steps": env.max_steps, "assets_path": env.libero_assets or None,
-                "texture_max_side": env.libero_texture_max_side, "scenes": env.libero_scenes}
-    return {"camera_resolution": env.camera_resolution, "max_steps": env.max_steps, "max_delta": env.max_delta,
-            "physics_substeps": env.reach_physics_substeps}
-
-
-def env_config_problems(env: EnvConfig) -> list[str]:
-    """What keeps `env.name`'s simulator from starting that can be seen before it starts (LIBERO: its package and
-    scene assets), one line each naming the key or the install step."""
-    if env.name != "libero":
-        return []
-    from vla_scale.envs.libero_install import LiberoNotInstalled, resolve_assets
-
-    try:
-        resolve_assets(env.libero_assets or None)
-    except LiberoNotInstalled as err:
-        return [str(err)]
-    return []
 
 
 def suite_instructions(name: str, suite: str) -> list[str]:

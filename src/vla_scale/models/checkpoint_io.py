@@ -19,16 +19,13 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from vla_scale.models.spec import OFTSpec, openvla_config, spec_from_openvla
-
-if TYPE_CHECKING:
-    from vla_scale.models.policy import OFTPolicy
 
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 STATS, PREPROCESSOR = "dataset_statistics.json", "preprocessor_config.json"
@@ -103,8 +100,12 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def load_policy(cls: type[OFTPolicy], path: str, dtype: torch.dtype = torch.float32, device: str | None = None,
-                zero3_init: bool = False, **overrides: Any) -> OFTPolicy:
+Policy = TypeVar("Policy", bound=torch.nn.Module)
+"""`OFTPolicy` (models/policy.py imports this module, so the class is passed in, not imported)."""
+
+
+def load_policy(cls: type[Policy], path: str, dtype: torch.dtype = torch.float32, device: str | None = None,
+                zero3_init: bool = False, **overrides: Any) -> Policy:
     """Build the policy `path` describes and copy its weights in (strict: every parameter, no stray tensor)."""
     from transformers import initialization
 
@@ -149,8 +150,9 @@ def _copy_one(name: str, param: torch.nn.Parameter, tensor: torch.Tensor, zero3:
             param.copy_(tensor)
 
 
-def save_policy(policy: OFTPolicy, path: str, max_shard_gb: float = 5.0) -> None:
-    """Write the folder `load_policy` reads (see the module docstring); the policy must not be ZeRO-3 sharded."""
+def save_policy(policy: Any, path: str, max_shard_gb: float = 5.0) -> None:
+    """Write the folder `load_policy` reads (see the module docstring) for an `OFTPolicy`, which must not be ZeRO-3
+    sharded."""
     os.makedirs(path, exist_ok=True)
     state = {n: p.detach().contiguous().cpu() for n, p in policy.named_parameters()}
     proprio = {"module." + n.removeprefix(PROPRIO_PREFIX): state.pop(n) for n in list(state)

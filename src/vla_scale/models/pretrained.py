@@ -232,10 +232,8 @@ class PretrainedVLA:
         """The fleet's env kwargs for `env`: its own, rendered at `camera_resolution(env)`, and, where numpy can do
         it, the policy's image preparation made inside the simulator processes (`image_prep`; the env loop then
         takes the images as they come when it finds `image_prep` in the fleet's env kwargs)."""
-        from vla_scale.envs.registry import env_kwargs
-
         side = self.camera_resolution(env)
-        kwargs = env_kwargs(replace(env, camera_resolution=side))
+        kwargs = replace(env, camera_resolution=side).simulator_kwargs()
         prep = self.processor.transform.simulator_prep(side, self.cameras)
         if prep is not None:
             kwargs["image_prep"] = asdict(prep)

@@ -13,8 +13,8 @@ independent of the trainer's default group and of anything the engine processes 
 One sync, as every member sees it: for each bucket a header (names, dtypes, shapes, policy version) then the
 bucket's bytes as one flat uint8 tensor, both broadcast from rank 0; then a closing header with the sender's
 checksum, and an all-gather of every member's own checksum, so a mismatch is raised on the trainer and on the engine.
-The engine side is `RolloutEngine.init_weights_update_group` / `update_weights_from_distributed`
-(`receive_sync` drives them for one whole sync).
+The engine side is a `WeightReceiver`: it joins the group and writes each bucket into the engine it wraps through
+`update_weights_from_tensor`, so the engine itself knows nothing of the transport.
 """
 
 from __future__ import annotations
@@ -143,23 +143,44 @@ def broadcast_sync(module: nn.Module, group: UpdateGroup | None, version: int, b
     return SyncReport(version, checksum, end - start, total, buckets, end - verify_start)
 
 
-def receive_sync(engine: RolloutEngine, group_name: str = "weight_update") -> SyncReport:
-    """Engine side: take one whole sync from the trainer's rank 0 (headers, buckets, checksum comparison)."""
-    group = engine.update_groups[group_name]
-    start = time.perf_counter()
-    total = buckets = 0
-    while True:
-        header = group.broadcast_object()
-        if header.get("done"):
-            break
-        total += engine.update_weights_from_distributed(header["names"], header["dtypes"], header["shapes"],
-                                                        header["version"], group_name)
-        buckets += 1
-    verify_start = time.perf_counter()
-    mine = engine.checksum()
-    _compare(group.all_gather_text(mine), header["checksum"], header["version"])
-    end = time.perf_counter()
-    return SyncReport(header["version"], mine, end - start, total, buckets, end - verify_start)
+@dataclass
+class WeightReceiver:
+    """An engine process's member of an update group: receives what trainer rank 0 broadcasts into `engine`."""
+
+    engine: RolloutEngine
+    group: UpdateGroup
+
+    @classmethod
+    def connect(cls, engine: RolloutEngine, master_address: str, master_port: int, rank_offset: int,
+                world_size: int, backend: str = "gloo", group_name: str = "weight_update") -> WeightReceiver:
+        """Join the trainer's update group as group rank `rank_offset`; returns once every member has joined."""
+        group = UpdateGroup.connect(master_address, master_port, rank_offset, world_size, backend, group_name)
+        return cls(engine, group)
+
+    @torch.no_grad()
+    def receive_bucket(self, names: list[str], dtypes: list[str], shapes: list[tuple[int, ...]],
+                       version: int) -> int:
+        """One bucket the trainer's rank 0 broadcasts, copied into the engine; returns its size in bytes."""
+        flat = self.group.broadcast(torch.empty(bucket_nbytes(dtypes, shapes), dtype=torch.uint8,
+                                                device=self.group.device))
+        self.engine.update_weights_from_tensor(unflatten(flat, names, dtypes, shapes), version)
+        return flat.numel()
+
+    def receive_sync(self) -> SyncReport:
+        """One whole sync from the trainer's rank 0: headers, buckets, then the checksum comparison."""
+        start = time.perf_counter()
+        total = buckets = 0
+        while True:
+            header = self.group.broadcast_object()
+            if header.get("done"):
+                break
+            total += self.receive_bucket(header["names"], header["dtypes"], header["shapes"], header["version"])
+            buckets += 1
+        verify_start = time.perf_counter()
+        mine = self.engine.checksum()
+        _compare(self.group.all_gather_text(mine), header["checksum"], header["version"])
+        end = time.perf_counter()
+        return SyncReport(header["version"], mine, end - start, total, buckets, end - verify_start)
 
 
 def _compare(checksums: list[str], expected: str, version: int) -> None:

@@ -12,9 +12,9 @@ share of the tensors; the shares form one checksum of the whole model (`checksum
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import deepspeed
 import numpy as np
@@ -26,8 +26,15 @@ from torch.distributed.distributed_c10d import _coalescing_manager
 from vla_scale.checksum import Fingerprints, digest_of
 from vla_scale.spans import span
 
-if TYPE_CHECKING:
-    from vla_scale.rollout.engine import RolloutEngine
+
+class WeightTarget(Protocol):
+    """What a sync writes into (the rollout engine): its parameters by name, a bucket copy, a device barrier."""
+
+    weights: dict[str, Tensor]
+
+    def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None: ...
+
+    def synchronize(self) -> None: ...
 
 
 @dataclass
@@ -138,7 +145,7 @@ class _FlatGather:
                 for (name, param), out in zip(self.bucket, self.outputs, strict=True)]
 
 
-def sync_weights(module: nn.Module, engine: RolloutEngine, version: int, bucket_mb: float,
+def sync_weights(module: nn.Module, engine: WeightTarget, version: int, bucket_mb: float,
                  verify: bool = True) -> SyncReport:
     """Push every parameter of `module` into `engine` bucket by bucket; raise if any copy is not exact.
 

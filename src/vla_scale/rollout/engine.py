@@ -10,8 +10,9 @@ the plain ones up to rounding (the kernels differ), so on the GPU the first PPO 
 rather than exactly 1; sampling, log-probs and actions are the same code for both. `benchmarks/decode.py` measures
 both and their agreement.
 
-Weights arrive from the actor in the same process (`update_weights_from_tensor`) or from trainer rank 0 over an
-update group (`init_weights_update_group` / `update_weights_from_distributed`, `parallel/update_group.py`). When the
+Weights arrive through `update_weights_from_tensor`: from the actor in the same process (`parallel/weight_sync.py`)
+or from trainer rank 0 over an update group, received by a `WeightReceiver` that wraps the engine
+(`parallel/update_group.py`; the engine knows no transport). When the
 engine shares a GPU with the actor, `release_memory_occupation` frees its weights during the update and
 `resume_memory_occupation` takes the memory back for the sync that follows.
 """
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,9 +31,6 @@ from vla_scale.checksum import weights_checksum
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.rollout.fast_forward import FastForward, trim_text
 from vla_scale.spans import span
-
-if TYPE_CHECKING:  # imported where used: the update group pulls in DeepSpeed, which decoding alone does not need
-    from vla_scale.parallel.update_group import UpdateGroup
 
 
 @dataclass
@@ -70,7 +67,6 @@ class RolloutEngine:
         self.fast = FastForward(self.policy, on_gpu if compile is None else compile) if use_fast else None
         self.pin_memory = on_gpu if pin_memory is None else pin_memory
         self._staging: dict[str, Tensor] = {}
-        self.update_groups: dict[str, UpdateGroup] = {}  # weight updates from other processes, by group name
         self.released = False
         self._awaiting_sync = False  # after resume_memory_occupation, until weights arrive
         self._shapes: list[torch.Size] = []
@@ -167,26 +163,6 @@ class RolloutEngine:
         self.version = version
         self._awaiting_sync = False
 
-    # ---- weights from another process (layout and protocol: parallel/update_group.py) ------------------------------
-    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                  group_name: str = "weight_update", backend: str = "gloo") -> None:
-        """Join the trainer's update group as group rank `rank_offset`; returns once every member has joined."""
-        from vla_scale.parallel.update_group import UpdateGroup
-
-        self.update_groups[group_name] = UpdateGroup.connect(master_address, master_port, rank_offset, world_size,
-                                                             backend, group_name)
-
-    @torch.no_grad()
-    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[tuple[int, ...]],
-                                        version: int, group_name: str = "weight_update") -> int:
-        """Receive one bucket that the trainer's rank 0 broadcasts and copy it in; returns its size in bytes."""
-        from vla_scale.parallel.update_group import bucket_nbytes, unflatten
-
-        group = self.update_groups[group_name]
-        flat = group.broadcast(torch.empty(bucket_nbytes(dtypes, shapes), dtype=torch.uint8, device=group.device))
-        self.update_weights_from_tensor(unflatten(flat, names, dtypes, shapes), version)
-        return flat.numel()
-
     # ---- sharing a GPU with the actor -------------------------------------------------------------------------------
     def release_memory_occupation(self) -> None:
         """Free the device memory of the weights while the actor trains; the next sync refills them."""
@@ -215,5 +191,3 @@ class RolloutEngine:
     def checksum(self) -> str:
         return weights_checksum(self.policy.named_parameters())
 
-    def set_seed(self, seed: int) -> None:
-        self.generator.manual_seed(seed)
