@@ -14,7 +14,7 @@ from vla_scale.parallel.fleet import SimFleet
 
 def step_still(fleet: SimFleet, chunks: int, chunk_len: int, action_dim: int = 7) -> int:
     """Step every slot `chunks` times with an all-zero chunk, stage requests overlapped; the env steps taken."""
-    stage = fleet.stage_of()
+    stage = fleet.slot_stages()
     zeros = np.zeros((fleet.size, chunk_len, action_dim), dtype=np.float32)
     for s in range(fleet.stages):
         fleet.send_step(zeros, stage == s)

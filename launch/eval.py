@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import logging
-import math
 import os
 import sys
 import time
@@ -136,11 +135,11 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
 
     from vla_scale.envs.registry import suite_instructions
     from vla_scale.envs.types import TaskSpec
-    from vla_scale.logging import RunLogger, progress
     from vla_scale.models import PretrainedVLA
     from vla_scale.parallel.fleet import SimFleet, start_ray
     from vla_scale.rollout.engine import RolloutEngine
     from vla_scale.rollout.env_loop import EnvLoop
+    from vla_scale.run_log import RunLogger, progress
     from vla_scale.trainer import resolved_config
 
     vla = PretrainedVLA.for_env(cfg.model, cfg.env)  # checked against the env before anything starts
@@ -163,7 +162,7 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     size = e.num_workers * e.sims_per_worker * stages
     fleet = SimFleet(e.name, vla.simulator_kwargs(e), size, e.num_workers, e.sims_per_worker, e.step_timeout_s,
                      stages=stages, max_failures=e.max_failures, in_process=e.sim_workers_in_trainer)
-    loop = EnvLoop(fleet, engine, vla, math.ceil(e.max_steps / cfg.model.chunk_len))
+    loop = EnvLoop(fleet, engine, vla, -(-e.max_steps // cfg.model.chunk_len))
     results: dict[int, list[bool]] = {task: [] for task in range(e.num_tasks)}
     trajs = []
     bar = progress(len(specs), 0, cfg.progress, f"eval {e.suite}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vla_scale.logging import read_scalars
+from vla_scale.run_log import read_scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.vision_dim=32",

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import TINY, script_env, train_ok
 
-from vla_scale.logging import read_scalars, read_text_tags
+from vla_scale.run_log import read_scalars, read_text_tags
 
 ROOT = Path(__file__).resolve().parents[1]
 

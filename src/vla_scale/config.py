@@ -304,12 +304,6 @@ class Config:
     """Show progress bars."""
 
 
-SUITES: dict[str, tuple[str, ...]] = {
-    "reach": ("reach",),
-    "libero": ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"),
-}
-"""Env name -> the task suites it can play."""
-
 
 def init_state_ids(env: EnvConfig, split: str) -> list[int]:
     """Init-state ids of a split: "train" is 0..n_train-1, "eval" the next n_eval (disjoint); with
@@ -417,7 +411,7 @@ def _divisors(n: int, limit: int = 64) -> list[int]:
 def validate(cfg: Config, world_size: int = 1) -> Config:
     """Check the arithmetic and the names; raise one ConfigError listing every problem and its fix."""
     from vla_scale.envs.libero import SCENES as LIBERO_SCENES
-    from vla_scale.envs.registry import ENVS, suite_num_tasks
+    from vla_scale.envs.registry import ENVS, SUITES, suite_num_tasks
 
     problems = range_problems(cfg)
     out_of_range = {line.split("=", 1)[0] for line in problems}

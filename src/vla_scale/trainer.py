@@ -33,7 +33,6 @@ from vla_scale.algo import (
 )
 from vla_scale.config import Config, ConfigError, EnvConfig, as_yaml, validate
 from vla_scale.envs.types import TaskSpec
-from vla_scale.logging import RunLogger, progress
 from vla_scale.models import PretrainedVLA
 from vla_scale.models.policy import PolicyInputs
 from vla_scale.parallel.actor import Actor, init_distributed
@@ -42,6 +41,7 @@ from vla_scale.parallel.weight_sync import SyncReport, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop, LoopStats, Trajectory
 from vla_scale.rollout.sampler import TaskSampler
+from vla_scale.run_log import RunLogger, progress
 
 
 @dataclass

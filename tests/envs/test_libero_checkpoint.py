@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import script_env
 
-from vla_scale.logging import read_scalars
+from vla_scale.run_log import read_scalars
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = Path(os.environ.get("VLA_SCALE_LIBERO_FIXTURE", ROOT.parent / "shared" / "fixtures"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vla_scale.logging import read_scalars
+from vla_scale.run_log import read_scalars
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [

@@ -60,7 +60,7 @@ def tasks_and_uids(n: int, first_state: int = 0):
 def test_stages_interleave_over_every_process(parts):
     fleet = make_fleet(stages=2)
     try:
-        stage = fleet.stage_of()
+        stage = fleet.slot_stages()
         assert stage.tolist() == [0, 1] * 4  # 2 slots per process: one per stage, every process in every stage
     finally:
         fleet.close()
@@ -107,7 +107,7 @@ def test_local_workers_leave_images_in_shared_memory_and_answers_match(parts, in
                 fleet.local = [False, False]  # as a worker on another node answers: images through Ray
             fleet.send_reset(tasks, np.ones(8, dtype=bool))
             fleet.recv()
-            fleet.send_step(np.full((8, 4, 7), 0.4, dtype=np.float32), fleet.stage_of() == 1)
+            fleet.send_step(np.full((8, 4, 7), 0.4, dtype=np.float32), fleet.slot_stages() == 1)
             answers.append(fleet.recv())
         finally:
             fleet.close()
@@ -219,7 +219,7 @@ def test_the_plain_loop_steps_every_simulator_of_the_fleet_in_its_own_process(pa
         fleet.send_reset(tasks, np.ones(8, dtype=bool))
         fleet.recv()
         chunk = np.zeros((4, 7), dtype=np.float32)
-        fleet.send_step(np.zeros((8, 4, 7), dtype=np.float32), fleet.stage_of() == 0)
+        fleet.send_step(np.zeros((8, 4, 7), dtype=np.float32), fleet.slot_stages() == 0)
         with pytest.raises(RuntimeError, match="cannot follow requests still unanswered"):
             fleet.plain_loop_steps_per_s(chunk, 2, timeout_s=30.0)
         fleet.recv()
@@ -227,6 +227,6 @@ def test_the_plain_loop_steps_every_simulator_of_the_fleet_in_its_own_process(pa
         fleet.send_step(np.zeros((8, 4, 7), dtype=np.float32), np.ones(8, dtype=bool))
         # stage 0 stepped 1 + 3 + 1 chunks of 4, stage 1 (skipped by the first step) 3 + 1
         steps = [r.info["episode_steps"] for r in fleet.recv()]
-        assert steps == [20 if s == 0 else 16 for s in fleet.stage_of()]
+        assert steps == [20 if s == 0 else 16 for s in fleet.slot_stages()]
     finally:
         fleet.close()

@@ -74,12 +74,13 @@ import numpy as np
 from vla_scale.envs import libero_install
 from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
 
-SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 OFT_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
 """OpenVLA-OFT's evaluation step limits (policy steps after settling), set from the longest training demo."""
 SIMPLEVLA_MAX_STEPS = 512
 """The one step limit SimpleVLA-RL used for every suite."""
 SUITE_TASKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
+SUITES = tuple(SUITE_TASKS)
+"""The LIBERO suites, the one list of them (config validation and the registry read it here)."""
 NUM_INIT_STATES = 50
 ACTION_DIM = 7
 PROPRIO_DIM = 8
@@ -236,7 +237,6 @@ class LiberoEnv:
       soft reset.
     """
 
-    NUM_TASKS = 90  # the largest suite (libero_90); `num_tasks(suite)` gives each suite's count
     NUM_INIT_STATES = NUM_INIT_STATES
     ACTION_DIM = ACTION_DIM
     PROPRIO_DIM = PROPRIO_DIM

@@ -7,11 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from vla_scale.envs.libero import SUITES as LIBERO_SUITES
 from vla_scale.envs.libero import LiberoEnv
+from vla_scale.envs.reach import SUITE as REACH_SUITE
 from vla_scale.envs.reach import ReachEnv
 from vla_scale.envs.types import Env
 
 ENVS: dict[str, type] = {"reach": ReachEnv, "libero": LiberoEnv}
+
+SUITES: dict[str, tuple[str, ...]] = {"reach": (REACH_SUITE,), "libero": LIBERO_SUITES}
+"""Env name -> the task suites it can play."""
 
 
 def make_env(name: str, image_prep: dict[str, Any] | None = None, **kwargs: Any) -> Env:

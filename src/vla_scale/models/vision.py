@@ -116,11 +116,16 @@ def _activation(name: str) -> nn.Module:
     raise ValueError(f"unknown activation {name!r} (gelu, gelu_tanh, quick_gelu)")
 
 
-class QuickGELU(nn.Module):
+def quick_gelu(x: Tensor) -> Tensor:
     """x * sigmoid(1.702 x), the activation of OpenAI's CLIP."""
+    return x * torch.sigmoid(1.702 * x)
+
+
+class QuickGELU(nn.Module):
+    """`quick_gelu` as a module."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return x * torch.sigmoid(1.702 * x)
+        return quick_gelu(x)
 
 
 class LayerScale(nn.Module):

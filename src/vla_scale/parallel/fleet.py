@@ -317,7 +317,7 @@ class SimFleet:
         self.stats = FleetStats()
         self.unanswered = 0  # requests sent to the workers whose answers have not been collected
 
-    def stage_of(self) -> np.ndarray:
+    def slot_stages(self) -> np.ndarray:
         """Stage of every fleet slot."""
         per_stage = self.slots // self.stages
         return (np.arange(self.size) % self.slots) // per_stage

@@ -96,7 +96,7 @@ class EnvLoop:
         self.processor = vla.processor
         self.max_chunks = max_chunks
         self.images_prepared = "image_prep" in fleet.env_kwargs
-        self.stage = fleet.stage_of()
+        self.stage = fleet.slot_stages()
         self._prefetched: list[TaskSpec] | None = None
         self.stats = LoopStats()
 

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vla_scale.models.policy import OFTPolicy
-from vla_scale.models.vision import ViT
+from vla_scale.models.vision import ViT, quick_gelu
 from vla_scale.spans import span
 
 Weights = tuple[Tensor | None, ...]
@@ -59,7 +59,7 @@ def _vit_act(x: Tensor, act: str) -> Tensor:
         return F.gelu(x)
     if act == "gelu_tanh":
         return F.gelu(x, approximate="tanh")
-    return x * torch.sigmoid(1.702 * x)  # quick_gelu
+    return quick_gelu(x)
 
 
 def vit_block(x: Tensor, w: Weights, heads: int, eps: float, act: str) -> Tensor:
