@@ -1,8 +1,7 @@
-"""Driving a `SimFleet` the way a rollout does, without a policy: the benchmarks' shared stepping loop.
+"""Driving a `SimFleet` the way a rollout does, without a policy: `pipeline_overlap.py`'s stepping loop.
 
 Every slot steps still chunks (all-zero actions): one request per pipeline stage in flight, each stage's next chunk
-sent as soon as its answer arrives. It imports neither torch nor Ray's driver setup, so a benchmark that must pin
-nothing (`render_threads.py`) and one that pins everything (`pipeline_overlap.py`) drive the fleet the same way.
+sent as soon as its answer arrives. It imports neither torch nor Ray's driver setup.
 """
 
 from __future__ import annotations

@@ -268,7 +268,7 @@ def main() -> None:
     cfg = trainer_config(args, substeps)
     t0 = time.perf_counter()
     trainer = Trainer(cfg, tempfile.mkdtemp(prefix="rl_step_"))
-    trainer.begin()
+    trainer.setup()
     keep_batches(trainer)
     setup_s = time.perf_counter() - t0
     warm_s = warm_up(trainer, cfg)

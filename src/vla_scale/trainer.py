@@ -128,21 +128,35 @@ class Trainer:
                 raise RunComplete(f"{run_dir} is already at step {done} (steps={cfg.steps}): nothing to train, "
                                   f"no file touched; pass steps=<more than {done}> to continue it")
         self.max_chunks = -(-cfg.env.max_steps // cfg.model.chunk_len)
-        self.log = RunLogger(run_dir, self.rank)
         self.tokenizer, self.processor = self.vla.tokenizer, self.vla.processor
-        torch.manual_seed(cfg.seed)
-        self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.algo)
-        device = self.actor.device
-        engine_dtype = torch.bfloat16 if cfg.deepspeed.bf16 else None  # the engine holds what the actor holds
-        self.engine = RolloutEngine(self.vla.policy, device, seed=cfg.seed * 1000 + self.rank, dtype=engine_dtype)
-        self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
         self.step, self.version = 0, 0
         self.groups = cfg.algo.batch_size // self.world  # groups this rank rolls out per step
+        self.next_specs: list[TaskSpec] | None = None
+        self.events: deque[tuple[str, float]] = deque(maxlen=64)  # (what, when): the recent reset/update overlap
+        self.fleet: SimFleet | None = None
+        self.ready = False
+
+    def setup(self) -> None:
+        """Start everything the checks in the constructor cleared: the run's logger, the DeepSpeed actor, the rollout
+        engine, Ray and this rank's simulators; then a resumed run's checkpoint and the first (verified) sync."""
+        cfg = self.cfg
+        self.log = RunLogger(self.run_dir, self.rank)
+        torch.manual_seed(cfg.seed)
+        self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.algo)
+        engine_dtype = torch.bfloat16 if cfg.deepspeed.bf16 else None  # the engine holds what the actor holds
+        self.engine = RolloutEngine(self.vla.policy, self.actor.device, seed=cfg.seed * 1000 + self.rank,
+                                    dtype=engine_dtype)
+        self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
         self._start_ray()
         self.fleet = self.start_fleet(cfg.env)
         self.loop = EnvLoop(self.fleet, self.engine, self.vla, self.max_chunks)
-        self.next_specs: list[TaskSpec] | None = None
-        self.events: deque[tuple[str, float]] = deque(maxlen=64)  # (what, when): the recent reset/update overlap
+        if cfg.resume:
+            self.load_latest()
+        self._first_sync = self.version
+        self.sync(self.version)
+        if self.step == 0:
+            self.log.text("config", "```\n" + as_yaml(cfg) + "\n```")
+        self.ready = True
 
     def _start_ray(self) -> None:
         """Rank 0 starts (or joins) Ray; the other ranks join the same instance once it is up."""
@@ -170,18 +184,10 @@ class Trainer:
                         sim_resource=disagg.enable, in_process=env.sim_workers_in_trainer)
 
     # ---- the loop -------------------------------------------------------------------------------------------------
-    def begin(self) -> None:
-        """Before the first step: the latest checkpoint when resuming, then the first (verified) weight sync."""
-        if self.cfg.resume:
-            self.load_latest()
-        self._first_sync = self.version
-        self.sync(self.version)
-        if self.step == 0:
-            self.log.text("config", "```\n" + as_yaml(self.cfg) + "\n```")
-
     def train(self) -> dict[str, float]:
         cfg = self.cfg
-        self.begin()
+        if not self.ready:
+            self.setup()
         last: dict[str, float] = {}
         bar = progress(cfg.steps, self.step, cfg.progress and self.rank == 0, "train")
         while self.step < cfg.steps:
@@ -430,4 +436,5 @@ class Trainer:
             self.loop.prefetch(self._episodes(self.next_specs))
 
     def close(self) -> None:
-        self.fleet.close()
+        if self.fleet is not None:
+            self.fleet.close()

@@ -23,11 +23,12 @@ def test_sim_workers_land_on_the_sim_node_and_a_run_completes(cluster, tiny_conf
                       f"parallel.ray_address={cluster.address}", "steps=3", "eval_every=100",
                       "env.rollout.pipeline_stage_num=2")
     with pytest.raises(RuntimeError, match="expects 1 simulation node"):
-        Trainer(cfg, str(tmp_path / "refused"))
+        Trainer(cfg, str(tmp_path / "refused")).setup()
     sim_node = cluster.add_node(num_cpus=1, resources={"sim": 1})
     cluster.wait_for_nodes()
     trainer = Trainer(cfg, str(tmp_path / "run"))
     try:
+        trainer.setup()
         nodes = ray.get([w.node_id.remote() for w in trainer.fleet.workers])
         assert nodes == [sim_node.node_id] * len(trainer.fleet.workers)
         metrics = trainer.train()

@@ -9,7 +9,7 @@ imports neither mujoco nor torch.
 
 Rendering on the CPU: Mesa's llvmpipe, the EGL renderer of machines without a GPU, starts one rasterizer thread per
 CPU the process may run on and hands every frame to them. A fleet already runs many simulator processes per core,
-so those threads only add hand-overs and context switches (`benchmarks/render_threads.py`). A child therefore
+so those threads only add hand-overs and context switches (measured in docs/performance.md). A child therefore
 renders in its own thread (LP_NUM_THREADS=0) unless the caller has set LP_NUM_THREADS. Other renderers ignore it.
 It also starts with a larger glibc cache of freed memory (`_child_environment`).
 

@@ -1,0 +1,1 @@
+"""Placement across processes and GPUs: the DeepSpeed actor, the simulator fleet, weight sync into engines."""
