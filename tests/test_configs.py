@@ -146,3 +146,12 @@ def test_a_zero_count_or_size_is_refused_by_name_without_dividing_by_it(key):
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert f"{key}=0" in str(err.value) and "must be" in str(err.value)
+
+
+def test_without_group_filtering_an_update_may_split_the_whole_batch():
+    """Every group is kept when the filter passes all (0, 1): micro-batches may then number up to the episodes."""
+    kept_all = ["algo.batch_size=4", "algo.group_size=4", "algo.mini_batches=2", "algo.micro_batches=8",
+                "algo.filter_low=0", "algo.filter_high=1"]
+    validate(load(*kept_all))
+    with pytest.raises(ConfigError, match="one group kept by algo.filter_low/filter_high"):
+        validate(load(*kept_all[:4]))

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_script
 
 from vla_scale.run_log import read_scalars
 
@@ -21,9 +21,7 @@ SMALL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers
 
 
 def run_eval(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "eval.py"), *SMALL, *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = run_script("eval", *SMALL, *args, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc
 

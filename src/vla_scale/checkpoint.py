@@ -158,9 +158,11 @@ def resume_problems(run_dir: str, model: Any, algo: Any, ranks: int) -> list[str
     if not os.path.isdir(step_dir) or latest_step(run_dir) is None:
         return [f"{os.path.join(root, 'latest')} names {tag!r}, which is not a step folder in {root}: restore it or "
                 "write the name of a step that exists (e.g. step_<k>) into that file"]
-    saved, problem = read_json(os.path.join(step_dir, RUN_CONFIG))
-    if problem and os.path.exists(os.path.join(step_dir, RUN_CONFIG)):
-        return [problem]
+    saved = None
+    if os.path.exists(os.path.join(step_dir, RUN_CONFIG)):  # absent in steps saved before run configs were written
+        saved, problem = read_json(os.path.join(step_dir, RUN_CONFIG))
+        if problem:
+            return [problem]
     problems = []
     if saved is not None:
         problems += config_differences(saved["model"], "model", model) + config_differences(saved["algo"], "algo", algo)
@@ -171,8 +173,8 @@ def resume_problems(run_dir: str, model: Any, algo: Any, ranks: int) -> list[str
         state = os.path.join(step_dir, f"trainer_state_rank{rank}.json")
         if not os.path.exists(state):
             problems.append(f"{state} is missing: resume with the number of ranks that saved {tag}")
-        elif read_json(state)[1]:
-            problems.append(read_json(state)[1])
+        elif problem := read_json(state)[1]:
+            problems.append(problem)
     if not problems and not any(name.endswith("model_states.pt") for name in os.listdir(step_dir)):
         problems.append(f"{step_dir} has no DeepSpeed model states (*model_states.pt): the save did not finish; point "
                         "checkpoints/latest at an earlier step")

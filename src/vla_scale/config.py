@@ -376,8 +376,9 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
 """Every numeric key's range: (phrase, limit, limit allowed). A size or count that reaches a buffer, a division or a
 split is >= 1 wherever zero has no meaning; a test keeps every int and float field listed here."""
 
-UPPER: dict[str, float] = {"algo.clip_low": 1.0, "algo.filter_low": 1.0, "algo.filter_high": 1.0}
-"""Keys that must also stay at or below a limit (clip_low: strictly below, a ratio floor of 0 clips nothing)."""
+UPPER: dict[str, tuple[float, bool]] = {"algo.clip_low": (1.0, False), "algo.filter_low": (1.0, True),
+                                         "algo.filter_high": (1.0, True)}
+"""Keys that must also stay below a limit: (limit, limit allowed); a clip_low of 1 would make the ratio floor 0."""
 
 
 def value_at(cfg: Any, key: str) -> Any:
@@ -387,20 +388,20 @@ def value_at(cfg: Any, key: str) -> Any:
     return cfg
 
 
-def range_problems(cfg: Config) -> list[str]:
-    """Every value outside its range (BOUNDS, UPPER) or its names (CHOICES), one line each with the fix."""
-    problems = []
+def range_problems(cfg: Config) -> dict[str, str]:
+    """{key: what is wrong and the fix} for every value outside its range (BOUNDS, UPPER) or its names (CHOICES)."""
+    problems: dict[str, str] = {}
     for key, (phrase, limit, inclusive) in BOUNDS.items():
         value = value_at(cfg, key)
         if value < limit or (value == limit and not inclusive):
-            problems.append(f"{key}={value} must be {phrase}")
-    for key, top in UPPER.items():
+            problems[key] = f"{key}={value} must be {phrase}"
+    for key, (top, inclusive) in UPPER.items():
         value = value_at(cfg, key)
-        if value > top or (key == "algo.clip_low" and value >= top):
-            problems.append(f"{key}={value} must be {'<' if key == 'algo.clip_low' else '<='} {top}")
+        if value > top or (value == top and not inclusive):
+            problems[key] = f"{key}={value} must be {'<=' if inclusive else '<'} {top}"
     for key, names in CHOICES.items():
         if value_at(cfg, key) not in names:
-            problems.append(f"{key}={value_at(cfg, key)!r}: choose one of {list(names)}")
+            problems[key] = f"{key}={value_at(cfg, key)!r}: choose one of {list(names)}"
     return problems
 
 
@@ -413,11 +414,11 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     from vla_scale.envs.libero import SCENES as LIBERO_SCENES
     from vla_scale.envs.registry import ENVS, SUITES, suite_num_tasks
 
-    problems = range_problems(cfg)
-    out_of_range = {line.split("=", 1)[0] for line in problems}
+    out_of_range = range_problems(cfg)
+    problems = list(out_of_range.values())
 
     def sound(*keys: str) -> bool:  # the arithmetic below divides by these values
-        return not out_of_range.intersection(keys)
+        return not out_of_range.keys() & set(keys)
 
     m, e, a = cfg.model, cfg.env, cfg.algo
     if e.name not in ENVS:

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import script_env
+from conftest import run_script
 
 from vla_scale.run_log import read_scalars
 
@@ -24,8 +23,7 @@ SHORT = ["env.max_steps=16", "env.num_workers=1", "env.sims_per_worker=2", "prog
 
 
 def run(script: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, str(ROOT / "launch" / script), *args], cwd=ROOT, env=script_env(),
-                          capture_output=True, text=True, timeout=900)
+    proc = run_script(script.removesuffix(".py"), *args, timeout=900)
     if ok:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc

@@ -112,6 +112,16 @@ def test_physics_substeps_simulate_without_changing_the_task() -> None:
         heavy.close()
 
 
+def test_the_env_config_builds_the_physics_cost_into_its_simulators() -> None:
+    from vla_scale.config import EnvConfig
+
+    env = make_env("reach", **EnvConfig(reach_physics_substeps=3).simulator_kwargs())
+    try:
+        assert env.physics_substeps == 3
+    finally:
+        env.close()
+
+
 def test_init_states_differ(env: ReachEnv) -> None:
     a = env.reset(TaskSpec("reach", 0, 0))
     b = env.reset(TaskSpec("reach", 0, 1))
