@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vla_scale.parallel.fleet import SimFleet
+from vla_scale.sim.fleet import SimFleet
 
 
 def step_still(fleet: SimFleet, chunks: int, chunk_len: int, action_dim: int = 7) -> int:

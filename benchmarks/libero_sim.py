@@ -18,8 +18,8 @@ import numpy as np
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from vla_scale.envs.sim_process import SimProcess  # noqa: E402
 from vla_scale.envs.types import TaskSpec  # noqa: E402
+from vla_scale.sim.process import SimProcess  # noqa: E402
 
 CHUNK = 8
 

@@ -41,9 +41,9 @@ from vla_scale.config import ModelConfig  # noqa: E402
 from vla_scale.envs.reach import instructions  # noqa: E402
 from vla_scale.envs.types import TaskSpec  # noqa: E402
 from vla_scale.models import PretrainedVLA  # noqa: E402
-from vla_scale.parallel.fleet import SimFleet, start_ray  # noqa: E402
 from vla_scale.rollout.engine import RolloutEngine  # noqa: E402
 from vla_scale.rollout.env_loop import EnvLoop  # noqa: E402
+from vla_scale.sim.fleet import SimFleet, start_ray  # noqa: E402
 
 DECODE_CORE, SIM_CORE = 0, 1
 EVERY_CORE = os.sched_getaffinity(0)

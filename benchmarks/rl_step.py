@@ -11,8 +11,10 @@ device, the embedded reach task's simulators in their processes, rendering throu
 - ours: `--stages` pipeline stages, the engine's fast decode of a whole stage at once, the next step's resets sent
   before the update;
 - anchors (SimpleVLA-RL / RLinf as they run it): one stage, the plain decode with transformers' eager attention in
-  micro-batches of 8, no reset during the update. The update, the recompute and the sync are the same code in both
-  (both recompute old log-probs before one optimizer step per RL step, as SimpleVLA-RL does).
+  micro-batches of 8, no reset during the update, and after the update SimpleVLA-RL's extra no-gradient forward
+  over every sample for its entropy metric (its trainer's `compute_entropy`, micro-batches of one trajectory: 64
+  chunk steps; ours reads the entropy off the update's own logits). The update, the recompute and the sync are the
+  same code in both (both recompute old log-probs before one optimizer step per RL step, as SimpleVLA-RL does).
 
 `--sim-ms` gives the reach task's simulators real physics work (`env.reach_physics_substeps`, calibrated here to that
 many CPU ms per env step) so that simulation costs what LIBERO's does: 26 ms of CPU per env step outside rendering,
@@ -31,6 +33,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -220,6 +223,25 @@ def timed_step(trainer, way: str) -> dict[str, float]:
     return m
 
 
+ENTROPY_MICRO_BATCH = 64  # SimpleVLA-RL's compute_entropy: one trajectory (512 env steps / 8) per forward
+
+
+def entropy_pass(trainer) -> float:
+    """Seconds of the anchors' extra forward after the update: every sample of the step, no gradient, 64 at a time
+    (the log-probs' forward: the same FLOPs as their entropy's)."""
+    trajs = [t for group in trainer.last_batch.groups for t in group]
+    rows = [(t, k, 0.0, e) for e, t in enumerate(trajs) for k in range(len(t))]
+    device = trainer.actor.device
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for first in range(0, len(rows), ENTROPY_MICRO_BATCH):
+        trainer.actor.logprobs(*trainer._inputs_and_tokens(rows[first : first + ENTROPY_MICRO_BATCH]))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
 def update_alone(trainer) -> float:
     """Seconds of `Actor.update` on the last step's samples, micro-batches built beforehand (nothing else timed)."""
     from vla_scale.algo import group_advantages
@@ -246,7 +268,8 @@ COLUMNS = [("way", "way", "{}"), ("step_s", "step s", "{:.1f}"), ("time/rollout_
            ("decode_s", "decode busy", "{:.1f}"), ("rollout/decode_wait_s", "decode waits", "{:.1f}"),
            ("sim_busy_s", "sim busy/proc", "{:.1f}"), ("sim_idle_s", "sim idle/proc", "{:.1f}"),
            ("time/recompute_s", "recompute s", "{:.1f}"), ("update_only_s", "update s", "{:.1f}"),
-           ("update_mfu", "update MFU", "{:.1%}"), ("time/make_room_s", "moves s", "{:.1f}"),
+           ("update_mfu", "update MFU", "{:.1%}"), ("entropy_s", "entropy pass s", "{:.1f}"),
+           ("time/make_room_s", "moves s", "{:.1f}"),
            ("time/sync_s", "sync s", "{:.2f}"), ("rollout/env_steps_per_s", "env steps/s", "{:.0f}"),
            ("train/samples", "samples", "{:.0f}"), ("peak_gib", "peak GiB", "{:.1f}")]
 
@@ -300,6 +323,8 @@ def main() -> None:
         with context or nullcontext():
             for _ in range(args.steps):
                 m = timed_step(trainer, way)
+                m["entropy_s"] = entropy_pass(trainer) if way == "anchors" else 0.0
+                m["step_s"] += m["entropy_s"]
                 if not flops:
                     flops = forward_flops(trainer)
                 m["update_only_s"] = m["time/update_s"] - m["time/recompute_s"]
@@ -345,4 +370,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(1)  # as above: an error must end the run, not leave it waiting on those threads

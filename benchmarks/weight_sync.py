@@ -37,11 +37,11 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from vla_scale.actor import Actor, init_distributed
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.models import PretrainedVLA
-from vla_scale.parallel.actor import Actor, init_distributed
-from vla_scale.parallel.weight_sync import gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.sync.weight_sync import gathered_buckets, sync_weights
 
 TEXTS = ["pick up the black bowl and place it on the plate", "open the top drawer", "put the cream cheese in the bowl"]
 H200_BF16_DENSE = 989e12
@@ -165,7 +165,7 @@ def gather_check(actor: Actor, bucket_mb: int) -> None:
     """Our gathers against DeepSpeed's own (`GatheredParameters`, a few parameters at a time): same checksum?"""
     import deepspeed
 
-    from vla_scale.checksum import Fingerprints
+    from vla_scale.sync.checksum import Fingerprints
 
     ours, theirs = Fingerprints(), Fingerprints()
     for bucket in gathered_buckets(actor.policy, bucket_mb):
@@ -190,8 +190,8 @@ def allocated_gib(device: torch.device) -> float:
 
 def verify_parts(engine: RolloutEngine, bucket_mb: int) -> None:
     """Where a sync's verification goes: the bit comparison and the fingerprints, each over the whole model."""
-    from vla_scale.checksum import fingerprints
-    from vla_scale.parallel.weight_sync import _bucket_plan, _compare
+    from vla_scale.sync.checksum import fingerprints
+    from vla_scale.sync.weight_sync import _bucket_plan, _compare
 
     named = dict(engine.policy.named_parameters())
     chunks = _bucket_plan(engine.policy, bucket_mb)  # compared with themselves by bucket: the reads of a real check

@@ -136,10 +136,10 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     from vla_scale.envs.registry import suite_instructions
     from vla_scale.envs.types import TaskSpec
     from vla_scale.models import PretrainedVLA
-    from vla_scale.parallel.fleet import SimFleet, start_ray
     from vla_scale.rollout.engine import RolloutEngine
     from vla_scale.rollout.env_loop import EnvLoop
     from vla_scale.run_log import RunLogger, progress
+    from vla_scale.sim.fleet import SimFleet, start_ray
     from vla_scale.trainer import resolved_config
 
     vla = PretrainedVLA.for_env(cfg.model, cfg.env)  # checked against the env before anything starts
@@ -204,7 +204,7 @@ def main(dict_cfg: DictConfig) -> float:
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
     try:
         validate(cfg)
-        from vla_scale.parallel.fleet import ray_address_problem
+        from vla_scale.sim.fleet import ray_address_problem
 
         unreachable = ray_address_problem(cfg.parallel.ray_address)
         if unreachable:

@@ -39,7 +39,7 @@ def _shared_run_dir(argv: list[str]) -> list[str]:
 
     import torch.distributed as dist
 
-    from vla_scale.parallel.actor import init_distributed
+    from vla_scale.actor import init_distributed
 
     init_distributed()
     choice = [time.strftime("runs/%Y-%m-%d_%H-%M-%S")]

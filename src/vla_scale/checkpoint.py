@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from vla_scale.envs.types import TaskSpec
-from vla_scale.parallel.weight_sync import gathered_buckets
+from vla_scale.sync.weight_sync import gathered_buckets
 
 
 def rng_state() -> dict[str, Any]:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from vla_scale import checkpoint
+from vla_scale.actor import Actor, init_distributed
 from vla_scale.algo import (
     executed_action_mask,
     group_advantages,
@@ -35,13 +36,12 @@ from vla_scale.config import Config, ConfigError, EnvConfig, as_yaml, validate
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
 from vla_scale.models.policy import PolicyInputs
-from vla_scale.parallel.actor import Actor, init_distributed
-from vla_scale.parallel.fleet import SimFleet, ray_address_problem, sim_node_count, start_ray
-from vla_scale.parallel.weight_sync import SyncReport, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop, LoopStats, Trajectory
 from vla_scale.rollout.sampler import TaskSampler
 from vla_scale.run_log import RunLogger, progress
+from vla_scale.sim.fleet import SimFleet, ray_address_problem, sim_node_count, start_ray
+from vla_scale.sync.weight_sync import SyncReport, sync_weights
 
 
 @dataclass

@@ -36,8 +36,8 @@ from vla_scale.envs.libero import (
     oft_gripper_to_libero,
     quat_to_axis_angle,
 )
-from vla_scale.envs.sim_process import SimProcess
 from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
+from vla_scale.sim.process import SimProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 RES = 128

@@ -27,10 +27,10 @@ import torch
 from torch import Tensor
 
 from vla_scale.algo import logprobs_from_logits
-from vla_scale.checksum import weights_checksum
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.rollout.fast_forward import FastForward, trim_text
-from vla_scale.spans import span
+from vla_scale.sync.checksum import weights_checksum
+from vla_scale.sync.spans import span
 
 
 @dataclass

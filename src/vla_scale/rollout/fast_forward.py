@@ -38,7 +38,7 @@ from torch import Tensor
 
 from vla_scale.models.policy import OFTPolicy
 from vla_scale.models.vision import ViT, quick_gelu
-from vla_scale.spans import span
+from vla_scale.sync.spans import span
 
 Weights = tuple[Tensor | None, ...]
 Groups = tuple[tuple[int, int], ...]  # (rows, positions per row) for each run of equal-length rows, in packed order

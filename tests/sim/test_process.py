@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from vla_scale.envs.reach import ACTION_DIM, CAMERA, ReachEnv
-from vla_scale.envs.shared_images import ImageReader
-from vla_scale.envs.sim_process import SimProcess, SimulatorError, _child_environment
 from vla_scale.envs.types import ChunkStep, TaskSpec
+from vla_scale.sim.process import SimProcess, SimulatorError, _child_environment
+from vla_scale.sim.shared_images import ImageReader
 
 BOOT_TIMEOUT_S = 60.0  # the first answer includes the child's interpreter start and imports
 CHUNK = 8
@@ -181,7 +181,7 @@ with open(sys.argv[1], "a") as marks:  # top-level code: a child that re-imports
     marks.write(f"{os.getpid()}\\n")
 
 if __name__ == "__main__":
-    from vla_scale.envs.sim_process import SimProcess
+    from vla_scale.sim.process import SimProcess
     from vla_scale.envs.types import TaskSpec
 
     with SimProcess("reach", num_slots=1, env_kwargs={"camera_resolution": 16}) as proc:

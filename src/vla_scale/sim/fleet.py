@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 import ray
 
-from vla_scale.envs.shared_images import ImageReader
-from vla_scale.envs.sim_process import SimProcess, SimulatorError
 from vla_scale.envs.types import ChunkStep, Observation, SlotBatch, TaskSpec
+from vla_scale.sim.process import SimProcess, SimulatorError
+from vla_scale.sim.shared_images import ImageReader
 
 
 @dataclass

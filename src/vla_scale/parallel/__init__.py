@@ -1,1 +1,0 @@
-"""Placement across processes and GPUs: the DeepSpeed actor, the simulator fleet, weight sync into engines."""
