@@ -12,11 +12,8 @@ table prints both), and enough episodes per stage that a stage's work is long ag
 two sides.
 
 Columns: wall time, speedup over S=1, wall / max(sim busy, decode busy) (1.00 = perfect overlap), and the busy
-seconds of each side. Then env steps/s through the fleet against the same simulators stepping in a plain loop inside
-their own processes (same envs, same memory: no fleet in between); in both the simulators have core 1 to themselves
-(the driver's threads and Ray's processes move to core 0). The machine's own speed drifts by tens of percent within
-minutes, so the two are measured in bursts of one rollout's chunks, back to back, and the ratio is the median of the
-rounds' ratios.
+seconds of each side. (What the fleet adds to a simulator process against a plain stepping loop was measured once;
+the answer is in docs/performance.md.)
 
     python benchmarks/pipeline_overlap.py [--placement trainer|actor --episodes 256 --hidden 48 --layers 1 ...]
 """
@@ -26,16 +23,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import time
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-import numpy as np  # noqa: E402
-import psutil  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
-from fleet_drive import step_still  # noqa: E402
 
 from vla_scale.config import ModelConfig  # noqa: E402
 from vla_scale.envs.reach import instructions  # noqa: E402
@@ -43,7 +36,8 @@ from vla_scale.envs.types import TaskSpec  # noqa: E402
 from vla_scale.models import PretrainedVLA  # noqa: E402
 from vla_scale.rollout.engine import RolloutEngine  # noqa: E402
 from vla_scale.rollout.env_loop import EnvLoop  # noqa: E402
-from vla_scale.sim.fleet import SimFleet, start_ray  # noqa: E402
+from vla_scale.sim.cluster import start_ray  # noqa: E402
+from vla_scale.sim.fleet import SimFleet  # noqa: E402
 
 DECODE_CORE, SIM_CORE = 0, 1
 EVERY_CORE = os.sched_getaffinity(0)
@@ -64,14 +58,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--worker-core", choices=["sim", "decode", "any"], default="any",
                    help="--placement actor: core of the sim worker's process (any: unpinned, like the rest of Ray)")
     p.add_argument("--repeats", type=int, default=2, help="timed rollouts per S (best kept)")
-    p.add_argument("--rounds", type=int, default=10,
-                   help="rounds of one burst through the fleet and one plain-loop burst in the same processes, back "
-                        "to back (their order alternating); the ratio is the median of the rounds' ratios")
-    p.add_argument("--burst", type=int, default=0,
-                   help="chunks per slot in each burst of those rounds (0: one rollout's, max_steps / chunk)")
-    args = p.parse_args()
-    args.burst = args.burst or -(-args.max_steps // args.chunk)
-    return args
+    return p.parse_args()
 
 
 def pin(pids: list[int], cores: set[int]) -> None:
@@ -133,57 +120,6 @@ def rollout_row(args: argparse.Namespace, stages: int, engine: RolloutEngine, vl
         fleet.close()
 
 
-def ray_and_driver_pids(sims: list[int]) -> list[int]:
-    """Every Ray process of this session (raylet, GCS, workers) and every thread of this process, but the sims."""
-    own = [int(t) for t in os.listdir("/proc/self/task")]
-    ray_procs = [p.pid for p in psutil.process_iter(["cmdline"])
-                 if p.pid not in sims and any("ray" in part for part in (p.info["cmdline"] or [])[:2])]
-    return own + ray_procs
-
-
-def through_fleet(fleet: SimFleet, args: argparse.Namespace) -> float:
-    """Env steps/s of one burst through the fleet: every slot steps `--burst` chunks, two requests (one per stage)
-    in flight, each sent as soon as the answer before it arrives."""
-    start = time.perf_counter()
-    steps = step_still(fleet, args.burst, args.chunk)
-    return steps / (time.perf_counter() - start)
-
-
-def fleet_and_plain_loop(args: argparse.Namespace) -> tuple[list[float], list[float]]:
-    """Env steps/s through the fleet and of the same simulators stepping in a plain loop inside their own processes
-    (`SimFleet.plain_loop_steps_per_s`), in alternating bursts of the same work.
-
-    Both sides are the same processes, envs and memory. How fast a simulator process steps depends on where its
-    memory landed: processes built alike, one after the other, stepped 1.3-2.5x apart here, for as long as they
-    lived. Only the same processes can be compared to a few percent. As in the rollout rows the simulators have the
-    sim core to themselves; nothing decodes here, so the driver's threads (a worker in this process receives on one
-    of them) and Ray's processes are moved to the decode core for the duration."""
-    fleet = SimFleet("reach", env_kwargs(args, endless=True), args.episodes, 1, args.sims, timeout_s=120, stages=2,
-                     in_process=args.placement == "trainer")
-    before = os.sched_getaffinity(0)
-    try:
-        fleet.send_reset(tasks(args.episodes), np.ones(args.episodes, dtype=bool))
-        fleet.recv()
-        pin_fleet(fleet, args.worker_core)
-        pin(ray_and_driver_pids(fleet.pids()), {DECODE_CORE})
-        chunk = np.zeros((args.chunk, 7), dtype=np.float32)
-        through_fleet(fleet, args)  # warm-up of both paths
-        fleet.plain_loop_steps_per_s(chunk, 1, timeout_s=120)
-        fleets, loops = [], []
-        for i in range(args.rounds):  # each pair back to back; the order alternates
-            if i % 2 == 0:
-                fleets.append(through_fleet(fleet, args))
-            loops.append(fleet.plain_loop_steps_per_s(chunk, args.burst, timeout_s=120))
-            if i % 2 == 1:
-                fleets.append(through_fleet(fleet, args))
-        return fleets, loops
-    finally:
-        fleet.close()
-        for tid in (int(t) for t in os.listdir("/proc/self/task")):  # back to where the rollout rows had them
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(tid, before)
-
-
 def main() -> None:
     args = parse()
     torch.set_num_threads(1)
@@ -208,17 +144,9 @@ def main() -> None:
         r["over_max"] = r["wall"] / max(r["sim"], r["decode"])
         print(f"{r['S']:>3} {r['wall']:>8.2f} {r['speedup']:>8.2f} {r['over_max']:>9.2f} {r['sim']:>11.2f} "
               f"{r['decode']:>14.2f}")
-    fleets, loops = fleet_and_plain_loop(args)
-    ratios = [f / p for f, p in zip(fleets, loops, strict=True)]
-    ratio = float(np.median(ratios))
-    print(f"\nenv steps/s in {args.rounds} rounds of {args.burst} chunks per slot (fleet / plain loop in the same "
-          "processes = ratio): " + ", ".join(f"{f:.0f}/{p:.0f}={f / p:.2f}" for f, p in zip(fleets, loops, strict=True))
-          + f"; median ratio {ratio:.2f} (fleet median {np.median(fleets):.0f}, plain loop median "
-          f"{np.median(loops):.0f})")
     ray.shutdown()
     s2 = rows[1]
-    print(f"pipeline: s2_speedup={s2['speedup']:.2f} s2_wall_over_max={s2['over_max']:.2f} "
-          f"fleet_over_raw={ratio:.2f}")
+    print(f"pipeline: s2_speedup={s2['speedup']:.2f} s2_wall_over_max={s2['over_max']:.2f}")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ from vla_scale.config import Config, RolloutConfig, register_configs, to_config,
 from vla_scale.models.processor import PolicyInputs  # noqa: E402
 from vla_scale.rollout.engine import Decoded, RolloutEngine  # noqa: E402
 from vla_scale.rollout.env_loop import EnvLoop  # noqa: E402
+from vla_scale.rollout.stack import start_fleet  # noqa: E402
 
 ANCHOR_MICRO_BATCH = 8
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -314,7 +315,7 @@ def main() -> None:
         if way == "anchors":
             ours_loop.cancel_prefetch()
             trainer.next_specs = None
-            trainer.fleet = trainer.start_fleet(anchor_env)
+            trainer.fleet = start_fleet(anchor_env, trainer.vla, ours_fleet.size)
             plain = MicroBatchedPlainDecode(trainer.engine)
             trainer.loop = SequentialLoop(trainer.fleet, plain, trainer.vla, trainer.max_chunks)  # type: ignore[arg-type]
             context = plain

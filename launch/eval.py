@@ -138,8 +138,8 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     from vla_scale.models import PretrainedVLA
     from vla_scale.rollout.engine import RolloutEngine
     from vla_scale.rollout.env_loop import EnvLoop
+    from vla_scale.rollout.stack import max_chunks, start_fleet, start_ray_for
     from vla_scale.run_log import RunLogger, progress
-    from vla_scale.sim.fleet import SimFleet, start_ray
     from vla_scale.trainer import resolved_config
 
     vla = PretrainedVLA.for_env(cfg.model, cfg.env)  # checked against the env before anything starts
@@ -157,12 +157,10 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     log = RunLogger(run_dir)
     print(f"evaluating {source} on {e.suite}: {len(specs)} episodes, run directory {run_dir}\n"
           f"policy: {vla.describe(e)}", flush=True)
-    start_ray(cfg.parallel.ray_address, cfg.parallel.ray_dashboard, cfg.parallel.ray_num_cpus)
-    stages = e.rollout.pipeline_stage_num
-    size = e.num_workers * e.sims_per_worker * stages
-    fleet = SimFleet(e.name, vla.simulator_kwargs(e), size, e.num_workers, e.sims_per_worker, e.step_timeout_s,
-                     stages=stages, max_failures=e.max_failures, in_process=e.sim_workers_in_trainer)
-    loop = EnvLoop(fleet, engine, vla, -(-e.max_steps // cfg.model.chunk_len))
+    start_ray_for(cfg.parallel)
+    size = e.num_workers * e.sims_per_worker * e.rollout.pipeline_stage_num  # one simulator per slot
+    fleet = start_fleet(e, vla, size)
+    loop = EnvLoop(fleet, engine, vla, max_chunks(e, cfg.model.chunk_len))
     results: dict[int, list[bool]] = {task: [] for task in range(e.num_tasks)}
     trajs = []
     bar = progress(len(specs), 0, cfg.progress, f"eval {e.suite}")
@@ -204,7 +202,7 @@ def main(dict_cfg: DictConfig) -> float:
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
     try:
         validate(cfg)
-        from vla_scale.sim.fleet import ray_address_problem
+        from vla_scale.sim.cluster import ray_address_problem
 
         unreachable = ray_address_problem(cfg.parallel.ray_address)
         if unreachable:

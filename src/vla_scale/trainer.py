@@ -32,15 +32,17 @@ from vla_scale.algo import (
     token_weights,
     truncated_is_weights,
 )
-from vla_scale.config import Config, ConfigError, EnvConfig, as_yaml, validate
+from vla_scale.config import Config, ConfigError, as_yaml, validate
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
 from vla_scale.models.policy import PolicyInputs
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop, LoopStats, Trajectory
 from vla_scale.rollout.sampler import TaskSampler
+from vla_scale.rollout.stack import max_chunks, start_fleet, start_ray_for
 from vla_scale.run_log import RunLogger, progress
-from vla_scale.sim.fleet import SimFleet, ray_address_problem, sim_node_count, start_ray
+from vla_scale.sim.cluster import ray_address_problem, start_ray
+from vla_scale.sim.fleet import SimFleet
 from vla_scale.sync.weight_sync import SyncReport, sync_weights
 
 
@@ -127,7 +129,7 @@ class Trainer:
             if done is not None and done >= cfg.steps:
                 raise RunComplete(f"{run_dir} is already at step {done} (steps={cfg.steps}): nothing to train, "
                                   f"no file touched; pass steps=<more than {done}> to continue it")
-        self.max_chunks = -(-cfg.env.max_steps // cfg.model.chunk_len)
+        self.max_chunks = max_chunks(cfg.env, cfg.model.chunk_len)
         self.tokenizer, self.processor = self.vla.tokenizer, self.vla.processor
         self.step, self.version = 0, 0
         self.groups = cfg.algo.batch_size // self.world  # groups this rank rolls out per step
@@ -148,7 +150,7 @@ class Trainer:
                                     dtype=engine_dtype)
         self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
         self._start_ray()
-        self.fleet = self.start_fleet(cfg.env)
+        self.fleet = start_fleet(cfg.env, self.vla, self.groups * cfg.algo.group_size)
         self.loop = EnvLoop(self.fleet, self.engine, self.vla, self.max_chunks)
         if cfg.resume:
             self.load_latest()
@@ -162,26 +164,11 @@ class Trainer:
         """Rank 0 starts (or joins) Ray; the other ranks join the same instance once it is up."""
         p = self.cfg.parallel
         if self.rank == 0:
-            start_ray(p.ray_address, p.ray_dashboard, p.ray_num_cpus)
+            start_ray_for(p)
         if self.world > 1:
             dist.barrier()
             if self.rank > 0:
                 start_ray(p.ray_address or "auto")
-
-    def start_fleet(self, env: EnvConfig) -> SimFleet:
-        """This rank's simulators for `env` (the run's env config, or a variant of it)."""
-        cfg = self.cfg
-        disagg = env.disagg_sim
-        if disagg.enable and sim_node_count() < disagg.nnodes:
-            raise RuntimeError(
-                f"env.disagg_sim.enable=true expects {disagg.nnodes} simulation node(s) offering the 'sim' resource, "
-                f"the Ray cluster has {sim_node_count()}: start them with `ray start --address=<head>:6379 "
-                "--resources='{\"sim\": 1}'` or lower env.disagg_sim.nnodes"
-            )
-        return SimFleet(env.name, self.vla.simulator_kwargs(env), self.groups * cfg.algo.group_size,
-                        env.num_workers, env.sims_per_worker, env.step_timeout_s,
-                        stages=env.rollout.pipeline_stage_num, max_failures=env.max_failures,
-                        sim_resource=disagg.enable, in_process=env.sim_workers_in_trainer)
 
     # ---- the loop -------------------------------------------------------------------------------------------------
     def train(self) -> dict[str, float]:

@@ -22,7 +22,8 @@ from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop
-from vla_scale.sim.fleet import SimFleet, SimWorker, start_ray
+from vla_scale.sim.cluster import start_ray
+from vla_scale.sim.fleet import SimFleet, SimWorker
 from vla_scale.sim.process import SimulatorError
 
 CFG = ModelConfig(image_size=32, patch_size=16, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
@@ -102,9 +103,9 @@ def test_local_workers_leave_images_in_shared_memory_and_answers_match(parts, in
     for copy in (False, True):
         fleet = make_fleet(stages=2, in_process=in_process)
         try:
-            assert fleet.local == [True, True]  # one node: the driver reads the simulators' images itself
+            assert fleet.workers.local == [True, True]  # one node: the driver reads the simulators' images itself
             if copy:
-                fleet.local = [False, False]  # as a worker on another node answers: images through Ray
+                fleet.workers.local = [False, False]  # as a worker on another node answers: images through Ray
             fleet.send_reset(tasks, np.ones(8, dtype=bool))
             fleet.recv()
             fleet.send_step(np.full((8, 4, 7), 0.4, dtype=np.float32), fleet.slot_stages() == 1)
@@ -195,11 +196,11 @@ def test_workers_in_this_process_are_no_ray_actors_and_play_as_the_actors_do(par
         fleet = make_fleet(stages=2, max_steps=24, in_process=in_process)
         try:
             if in_process:  # plain objects; their simulator processes are children of this process
-                assert all(type(w) is SimWorker for w in fleet.workers)
+                assert all(type(w) is SimWorker for w in fleet.workers.workers)
                 assert fleet.worker_pids() == [os.getpid()] * 2
                 assert {psutil.Process(pid).ppid() for pid in fleet.pids()} == {os.getpid()}
             else:
-                assert all(isinstance(w, ray.actor.ActorHandle) for w in fleet.workers)
+                assert all(isinstance(w, ray.actor.ActorHandle) for w in fleet.workers.workers)
                 assert os.getpid() not in fleet.worker_pids()
             engine.generator.set_state(start)
             played[in_process] = EnvLoop(fleet, engine, processor, max_chunks=6).run(tasks, uids, temperature=1.0)
@@ -210,23 +211,3 @@ def test_workers_in_this_process_are_no_ray_actors_and_play_as_the_actors_do(par
                                                                         len(actor))
         for name in ("images", "proprio", "tokens", "logprobs"):
             np.testing.assert_array_equal(np.stack(getattr(here, name)), np.stack(getattr(actor, name)))
-
-
-def test_the_plain_loop_steps_every_simulator_of_the_fleet_in_its_own_process(parts, in_process):
-    fleet = make_fleet(stages=2, max_steps=1000, in_process=in_process)
-    try:
-        tasks, _ = tasks_and_uids(8)
-        fleet.send_reset(tasks, np.ones(8, dtype=bool))
-        fleet.recv()
-        chunk = np.zeros((4, 7), dtype=np.float32)
-        fleet.send_step(np.zeros((8, 4, 7), dtype=np.float32), fleet.slot_stages() == 0)
-        with pytest.raises(RuntimeError, match="cannot follow requests still unanswered"):
-            fleet.plain_loop_steps_per_s(chunk, 2, timeout_s=30.0)
-        fleet.recv()
-        assert fleet.plain_loop_steps_per_s(chunk, 3, timeout_s=30.0) > 0
-        fleet.send_step(np.zeros((8, 4, 7), dtype=np.float32), np.ones(8, dtype=bool))
-        # stage 0 stepped 1 + 3 + 1 chunks of 4, stage 1 (skipped by the first step) 3 + 1
-        steps = [r.info["episode_steps"] for r in fleet.recv()]
-        assert steps == [20 if s == 0 else 16 for s in fleet.slot_stages()]
-    finally:
-        fleet.close()

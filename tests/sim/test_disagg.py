@@ -29,8 +29,8 @@ def test_sim_workers_land_on_the_sim_node_and_a_run_completes(cluster, tiny_conf
     trainer = Trainer(cfg, str(tmp_path / "run"))
     try:
         trainer.setup()
-        nodes = ray.get([w.node_id.remote() for w in trainer.fleet.workers])
-        assert nodes == [sim_node.node_id] * len(trainer.fleet.workers)
+        nodes = ray.get([w.node_id.remote() for w in trainer.fleet.workers.workers])
+        assert nodes == [sim_node.node_id] * len(trainer.fleet.workers.workers)
         metrics = trainer.train()
     finally:
         trainer.close()

@@ -85,39 +85,6 @@ def test_images_left_in_shared_memory_read_the_same_from_another_reader() -> Non
     reader.close()
 
 
-def test_a_plain_loop_in_the_child_steps_the_same_envs_as_requests_do() -> None:
-    """The loop moves the child's own envs: after it, a step request continues from where the loop left them."""
-    tasks = [TaskSpec("reach", 0, 2), TaskSpec("reach", 1, 5)]
-    kwargs = {"camera_resolution": 32, "max_steps": 1000}
-    chunk = np.full((CHUNK, ACTION_DIM), 0.2, dtype=np.float32)
-    local = [ReachEnv(**kwargs) for _ in tasks]
-    with SimProcess("reach", num_slots=len(tasks), env_kwargs=kwargs) as proc:
-        proc.send_reset(tasks)
-        proc.recv(timeout_s=BOOT_TIMEOUT_S)
-        before = time.perf_counter()
-        proc.send_loop(chunk, repeats=3)
-        steps, start, end = proc.recv_loop(timeout_s=10.0)
-        assert steps == 3 * CHUNK * len(tasks) and before < start < end < time.perf_counter()
-        proc.send_step(np.stack([chunk, chunk]), np.array([True, True]))
-        results = proc.recv(timeout_s=10.0)
-    for env, task, got in zip(local, tasks, results, strict=True):
-        env.reset(task)
-        for _ in range(4):
-            expected = env.step(chunk)
-        assert isinstance(got, ChunkStep) and got.info["episode_steps"] == 4 * CHUNK
-        np.testing.assert_array_equal(got.observation.proprio, expected.observation.proprio)
-        env.close()
-
-
-def test_a_loop_past_the_end_of_an_episode_raises_in_the_child() -> None:
-    with SimProcess("reach", env_kwargs={"max_steps": CHUNK}) as proc:
-        proc.send_reset([TaskSpec("reach", 0, 0)])
-        proc.recv(timeout_s=BOOT_TIMEOUT_S)
-        proc.send_loop(np.zeros((CHUNK, ACTION_DIM)), repeats=2)
-        with pytest.raises(SimulatorError, match=r"call='loop': raised in the child:(?s:.*)after the episode ended"):
-            proc.recv_loop(timeout_s=10.0)
-
-
 def test_child_exception_is_reraised_with_traceback() -> None:
     with SimProcess("reach") as proc:
         proc.send_reset([TaskSpec("reach", 99, 0)])

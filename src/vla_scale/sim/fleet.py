@@ -10,11 +10,12 @@ the oldest one. A worker sends each request to all its processes before it waits
 run on separate threads (each in call order), so a receive that waits for one stage's simulators never holds back
 another stage's chunks; a lock keeps the two threads' views of the processes consistent.
 
-Placement: in colocated mode a worker is by default a plain object inside the trainer's process (`in_process`): a
-send writes to the simulators' pipes in the caller's thread and a receive runs on the worker's own background
-thread, so a stage hand-over is a pipe write and read with no Ray call (such a fleet makes none at all; a send
-waits only while its worker replaces a failed process). Otherwise (disaggregated mode, or `in_process=False`) a
-worker is a Ray actor whose sends and receives are two concurrency groups of one thread each. Camera images travel
+Placement, one interface with two implementations: in colocated mode the workers are by default plain objects inside
+the trainer's process (`LocalWorkers`): a send writes to the simulators' pipes in the caller's thread and a receive
+runs on the worker's own background thread, so a stage hand-over is a pipe write and read with no Ray call (such a
+fleet makes none at all; a send waits only while its worker replaces a failed process). Otherwise (disaggregated
+mode, or `in_process=False`) they are Ray actors (`RayWorkers`) whose sends and receives are two concurrency groups
+of one thread each. Camera images travel
 from a simulator process's shared memory to whoever reads them: a worker on the trainer's machine passes on only
 where they are and the fleet copies them out itself; a worker on another node (disaggregated mode) copies them into
 its reply.
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -112,21 +112,6 @@ class SimWorker:
             live = mask.copy()
             live[list(self.lost)] = False  # lost slots are answered with Restarted, not stepped
             self._send("step", mask, lambda proc, part: proc.send_step(chunks[part], live[part]))
-
-    @ray.method(concurrency_group="send")
-    def send_loop(self, chunk: np.ndarray, repeats: int) -> None:
-        """Start a plain stepping loop in every process (`SimProcess.send_loop`); nothing else may be pending."""
-        with self.lock:
-            if not self.requests.empty():
-                raise RuntimeError(f"sim worker {self.index}: a loop cannot follow requests still unanswered")
-            for proc in self.procs:
-                proc.send_loop(chunk, repeats)
-
-    @ray.method(concurrency_group="recv")
-    def recv_loop(self, timeout_s: float) -> tuple[int, float]:
-        """(env steps, seconds from the first process's start to the last one's end) of the loop sent last."""
-        answers = [proc.recv_loop(timeout_s) for proc in self.procs]
-        return sum(a[0] for a in answers), max(a[2] for a in answers) - min(a[1] for a in answers)
 
     def _send(self, kind: str, mask: np.ndarray, send) -> None:
         """Forward a request to every process, then queue it for recv() (caller holds the lock)."""
@@ -220,67 +205,85 @@ class SimWorker:
                 proc.close()
 
 
-RAY_CONNECT_TIMEOUT_S = 10.0
-"""How long `ray_address_problem` waits for a Ray head to accept a connection."""
-
-
-def ray_address_problem(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> str | None:
-    """Why `address` (`host:port` of a Ray head, or `ray://host:port`) cannot be joined, or None: nothing accepting
-    connections there within `timeout_s`. Checked before anything starts, because `ray.init` retries such an address
-    without end. '' (a local Ray) and `auto` (Ray's own lookup, which fails by itself) are not checked."""
-    if not address or address == "auto":
-        return None
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        return f"parallel.ray_address={address!r} is not host:port (e.g. 10.0.0.1:6379); leave it empty for a local Ray"
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as err:
-        return (f"parallel.ray_address={address!r}: nothing accepted a connection there within {timeout_s:.0f} s "
-                f"({err}); start the head with `ray start --head --port={port}` on {host}, fix the address, or "
-                "leave it empty for a local Ray")
-    return None
-
-
-def start_ray(address: str = "", dashboard: bool = False, num_cpus: int = 0) -> None:
-    """Join `address`, or start a local Ray (dashboard off unless asked, and then bound to 127.0.0.1)."""
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if address:
-        problem = ray_address_problem(address)
-        if problem:
-            raise ConnectionError(problem)
-        ray.init(address=address, log_to_driver=True)
-        return
-    ray.init(
-        address="local",  # a new local instance, whatever RAY_ADDRESS says
-        num_cpus=num_cpus or os.cpu_count(),
-        include_dashboard=dashboard,
-        dashboard_host="127.0.0.1",
-        log_to_driver=True,
-        configure_logging=False,
-    )
-
-
-def sim_node_count() -> int:
-    """Alive Ray nodes that offer the `sim` resource."""
-    return sum(1 for node in ray.nodes() if node.get("Alive") and node.get("Resources", {}).get("sim", 0) > 0)
-
-
 @dataclass
 class FleetStats:
     busy_s: float = 0.0
     restarts: int = 0
 
 
+class LocalWorkers:
+    """Sim workers as plain objects of this process: a send is a direct call (it writes to the simulators' pipes in
+    the caller's thread), and each worker receives on a thread of its own, so its answers come in call order and
+    never hold back a send. No Ray call at all."""
+
+    foreign = False  # the simulators share this process's resource tracker
+
+    def __init__(self, count: int, args: tuple):
+        self.workers = [SimWorker(i, *args) for i in range(count)]
+        self.receivers = [ThreadPoolExecutor(1, thread_name_prefix=f"sim-worker-{i}-recv") for i in range(count)]
+        self.local = [True] * count
+
+    def send(self, i: int, method: str, *args: Any) -> None:
+        getattr(self.workers[i], method)(*args)
+
+    def ask_recv(self) -> list[Future[WorkerReply]]:
+        return [receiver.submit(worker.recv, not local)
+                for worker, receiver, local in zip(self.workers, self.receivers, self.local, strict=True)]
+
+    def replies(self, handles: list[Future[WorkerReply]]) -> list[WorkerReply]:
+        return [h.result() for h in handles]
+
+    def each(self, method: str) -> list[Any]:
+        return [getattr(worker, method)() for worker in self.workers]
+
+    def close(self) -> None:
+        for receiver in self.receivers:  # receives asked for and not begun are dropped; a running one ends below
+            receiver.shutdown(wait=False, cancel_futures=True)
+        self.each("close")
+
+
+class RayWorkers:
+    """Sim workers as Ray actors (no CPU slot; with `sim_resource` only on nodes offering `sim`), their sends and
+    receives two concurrency groups of one thread each. A worker on another node copies its images into its reply."""
+
+    foreign = True
+
+    def __init__(self, count: int, args: tuple, sim_resource: bool):
+        options: dict[str, Any] = {"num_cpus": 0, "concurrency_groups": SimWorker.CONCURRENCY_GROUPS}
+        if sim_resource:
+            options["resources"] = {"sim": 0.001}
+        remote = ray.remote(**options)(SimWorker)
+        self.workers = [remote.remote(i, *args) for i in range(count)]
+        here = ray.get_runtime_context().get_node_id()
+        self.local = [node == here for node in self.each("node_id")]
+
+    def send(self, i: int, method: str, *args: Any) -> None:
+        getattr(self.workers[i], method).remote(*args)
+
+    def ask_recv(self) -> list[ray.ObjectRef]:
+        return [worker.recv.remote(not local) for worker, local in zip(self.workers, self.local, strict=True)]
+
+    def replies(self, handles: list[ray.ObjectRef]) -> list[WorkerReply]:
+        return ray.get(handles)
+
+    def each(self, method: str) -> list[Any]:
+        return ray.get([getattr(worker, method).remote() for worker in self.workers])
+
+    def close(self) -> None:
+        try:
+            self.each("close")
+        finally:
+            for worker in self.workers:
+                ray.kill(worker)
+
+
 class SimFleet:
     """`size` simulators over `num_workers` sim workers, split into `stages` pipeline stages.
 
     `send_reset`/`send_step` take full-size arrays with a mask of the slots concerned; `recv()` answers the oldest
-    request with one entry per slot (None outside its mask). `in_process=True` runs the workers inside this process
-    (see the module docstring); it applies only to colocated mode: with `sim_resource` (disaggregated mode) the
-    workers are always Ray actors on simulation nodes.
+    request with one entry per slot (None outside its mask). The workers run inside this process (`LocalWorkers`,
+    `in_process=True`) or as Ray actors (`RayWorkers`); with `sim_resource` (disaggregated mode) they are always Ray
+    actors on simulation nodes.
     """
 
     def __init__(self, env_name: str, env_kwargs: dict[str, Any], size: int, num_workers: int, sims_per_worker: int,
@@ -294,28 +297,18 @@ class SimFleet:
         self.env_kwargs = env_kwargs  # what every simulator is built with (`make_env`)
         self.slots = size // (num_workers * sims_per_worker)
         self.num_procs = num_workers * sims_per_worker
-        self.in_process = in_process and not sim_resource
         args = (env_name, env_kwargs, sims_per_worker, self.slots, timeout_s, max_failures, boot_timeout_s)
-        self.receivers: list[ThreadPoolExecutor] = []
-        if self.in_process:
-            self.workers: list[Any] = [SimWorker(i, *args) for i in range(num_workers)]
-            # one receiving thread per worker: its answers come in call order and never hold back a send
-            self.receivers = [ThreadPoolExecutor(1, thread_name_prefix=f"sim-worker-{i}-recv")
-                              for i in range(num_workers)]
-            self.local = [True] * num_workers
-        else:
-            options: dict[str, Any] = {"num_cpus": 0, "concurrency_groups": SimWorker.CONCURRENCY_GROUPS}
-            if sim_resource:
-                options["resources"] = {"sim": 0.001}
-            remote = ray.remote(**options)(SimWorker)
-            self.workers = [remote.remote(i, *args) for i in range(num_workers)]
-            here = ray.get_runtime_context().get_node_id()
-            self.local = [node == here for node in self._each("node_id")]
-        # the simulators of a worker in this process share its resource tracker; those of an actor do not
-        self.readers = [[ImageReader(foreign=not self.in_process) for _ in range(sims_per_worker)]
+        self.workers: LocalWorkers | RayWorkers = (
+            LocalWorkers(num_workers, args) if in_process and not sim_resource
+            else RayWorkers(num_workers, args, sim_resource))
+        self.readers = [[ImageReader(foreign=self.workers.foreign) for _ in range(sims_per_worker)]
                         for _ in range(num_workers)]
         self.stats = FleetStats()
-        self.unanswered = 0  # requests sent to the workers whose answers have not been collected
+
+    @property
+    def in_process(self) -> bool:
+        """Whether the sim workers run inside this process."""
+        return isinstance(self.workers, LocalWorkers)
 
     def slot_stages(self) -> np.ndarray:
         """Stage of every fleet slot."""
@@ -325,21 +318,9 @@ class SimFleet:
     def _split(self, array: Any, i: int) -> Any:
         return array[i * self.per_worker : (i + 1) * self.per_worker]
 
-    def _each(self, method: str) -> list[Any]:
-        """What `method()` returns on every worker: a plain call for workers in this process, else over Ray."""
-        if self.in_process:
-            return [getattr(worker, method)() for worker in self.workers]
-        return ray.get([getattr(worker, method).remote() for worker in self.workers])
-
     def _send(self, method: str, data: Any, mask: np.ndarray) -> None:
-        """Each worker's share of a request: written to its simulators' pipes here, or handed to its actor."""
-        self.unanswered += 1
-        for i, worker in enumerate(self.workers):
-            call, share = getattr(worker, method), (self._split(data, i), self._split(mask, i))
-            if self.in_process:
-                call(*share)
-            else:
-                call.remote(*share)
+        for i in range(len(self.workers.local)):
+            self.workers.send(i, method, self._split(data, i), self._split(mask, i))
 
     def send_reset(self, tasks: list[TaskSpec | None], mask: np.ndarray) -> None:
         self._send("send_reset", tasks, mask)
@@ -348,24 +329,16 @@ class SimFleet:
         self._send("send_step", chunks, mask)
 
     def request_recv(self) -> list[ray.ObjectRef | Future[WorkerReply]]:
-        """Ask every worker for its answer to the oldest request, without waiting (see `collect`).
-
-        A worker in this process receives on its own thread (a future); an actor is asked over Ray (a reference).
-        """
-        if self.in_process:
-            return [receiver.submit(worker.recv, not local)
-                    for worker, receiver, local in zip(self.workers, self.receivers, self.local, strict=True)]
-        return [worker.recv.remote(not local) for worker, local in zip(self.workers, self.local, strict=True)]
+        """Ask every worker for its answer to the oldest request, without waiting (see `collect`)."""
+        return self.workers.ask_recv()
 
     def recv(self) -> list[SlotResult]:
         return self.collect(self.request_recv())
 
-    def collect(self, handles: list[ray.ObjectRef | Future[WorkerReply]]) -> list[SlotResult]:
+    def collect(self, handles: list) -> list[SlotResult]:
         """Wait for the answers asked for by `request_recv`; one entry per slot."""
-        replies: list[WorkerReply] = [h.result() for h in handles] if self.in_process else ray.get(handles)
-        self.unanswered -= 1
         results: list[SlotResult] = []
-        for i, reply in enumerate(replies):
+        for i, reply in enumerate(self.workers.replies(handles)):
             self.stats.busy_s += reply.busy_s
             self.stats.restarts += reply.restarts
             part: list[SlotResult] = []
@@ -377,39 +350,17 @@ class SimFleet:
             assert len(part) == self.per_worker, (i, len(part))
         return results
 
-    def plain_loop_steps_per_s(self, chunk: np.ndarray, repeats: int, timeout_s: float) -> float:
-        """Env steps/s of the fleet's own simulators stepping in a plain loop inside their processes, all at once:
-        every slot `repeats` times with `chunk` [T, A] (`SimProcess.send_loop`; nothing may be pending).
-
-        The yardstick of what driving them through the fleet costs: the same envs, in the same processes and
-        memory, with no requests, answers or hand-overs in between."""
-        if self.unanswered:  # checked here, before any worker starts one: an actor may not have seen its share yet
-            raise RuntimeError(f"the fleet's plain loop cannot follow requests still unanswered ({self.unanswered})")
-        if self.in_process:
-            for worker in self.workers:
-                worker.send_loop(chunk, repeats)
-            parts = [worker.recv_loop(timeout_s) for worker in self.workers]
-        else:
-            ray.get([worker.send_loop.remote(chunk, repeats) for worker in self.workers])
-            parts = ray.get([worker.recv_loop.remote(timeout_s) for worker in self.workers])
-        return sum(steps for steps, _ in parts) / max(seconds for _, seconds in parts)
-
     def pids(self) -> list[int]:
         """Process ids of the simulator processes."""
-        return [pid for part in self._each("pids") for pid in part]
+        return [pid for part in self.workers.each("pids") for pid in part]
 
     def worker_pids(self) -> list[int]:
         """Process ids of the sim workers: the actors' own, or this process's for workers running in it."""
-        return self._each("own_pid")
+        return self.workers.each("own_pid")
 
     def close(self) -> None:
-        for receiver in self.receivers:  # receives asked for and not begun are dropped; a running one ends below
-            receiver.shutdown(wait=False, cancel_futures=True)
         try:
-            self._each("close")
+            self.workers.close()
         finally:
-            if not self.in_process:
-                for worker in self.workers:
-                    ray.kill(worker)
             for reader in (r for row in self.readers for r in row):
                 reader.close()

@@ -13,10 +13,9 @@ so those threads only add hand-overs and context switches (measured in docs/perf
 renders in its own thread (LP_NUM_THREADS=0) unless the caller has set LP_NUM_THREADS. Other renderers ignore it.
 It also starts with a larger glibc cache of freed memory (`_child_environment`).
 
-Protocol (parent -> child): ("reset", tasks, active) | ("step", chunks, active) | ("loop", chunk, repeats) |
-("close",); slots whose `active` flag is off are left alone and answer None. Child -> parent: ("ok", SlotBatch,
-cpu_seconds) | ("error", traceback text, cpu_seconds); a "loop" is answered ("ok", (env steps, start, end),
-cpu_seconds). Requests are answered exactly once, in the order they were sent, so several may be in flight
+Protocol (parent -> child): ("reset", tasks, active) | ("step", chunks, active) | ("close",); slots whose `active`
+flag is off are left alone and answer None. Child -> parent: ("ok", SlotBatch, cpu_seconds) | ("error", traceback
+text, cpu_seconds). Requests are answered exactly once, in the order they were sent, so several may be in flight
 (one per pipeline stage); `cpu_seconds` is the child's CPU time spent on the request (simulator busy time).
 
 The halves let a caller fan out to many processes and then gather:
@@ -82,10 +81,7 @@ def _child_main(conn: Connection, env_name: str, env_kwargs: dict[str, Any], num
                 continue
             start = time.process_time()
             try:
-                if message[0] == "loop":
-                    payload = _loop(envs, *message[1:])
-                else:
-                    payload = images.pack(message[0], _serve(envs, message))
+                payload = images.pack(message[0], _serve(envs, message))
             except Exception:  # noqa: BLE001 - any env failure is sent back and re-raised in the parent
                 conn.send(("error", traceback.format_exc(), time.process_time() - start))
                 continue
@@ -106,18 +102,6 @@ def _serve(envs: list[Any], message: tuple) -> list[Any]:
         chunks, active = message[1], message[2]
         return [env.step(chunk) if on else None for env, chunk, on in zip(envs, chunks, active, strict=True)]
     raise ValueError(f"unknown request {kind!r}")
-
-
-def _loop(envs: list[Any], chunk: np.ndarray, repeats: int) -> tuple[int, float, float]:
-    """Step every env `repeats` times with `chunk` in a plain loop, keeping nothing: (env steps, start, end).
-
-    The yardstick of the simulators' own speed: the same envs in the same process, with nothing between them and
-    their caller (`benchmarks/pipeline_overlap.py` compares the fleet's throughput with it)."""
-    steps, start = 0, time.perf_counter()
-    for _ in range(repeats):
-        for env in envs:
-            steps += env.step(chunk).steps_taken
-    return steps, start, time.perf_counter()
 
 
 def _child_entry(fd: int, tracker_fd: int) -> None:
@@ -242,16 +226,6 @@ class SimProcess:
         if active.shape != (self.num_slots,):
             raise ValueError(f"active must have shape [{self.num_slots}], got {active.shape}")
         self._send("step", ("step", chunks, active))
-
-    def send_loop(self, chunk: np.ndarray, repeats: int) -> None:
-        """Start stepping every slot `repeats` times with `chunk` [T, A] in a plain loop inside the child, as a
-        script stepping these envs itself would; `recv_loop` gives (env steps, start, end) on the machine's
-        monotonic clock (`time.perf_counter`, comparable across processes). Every slot must be in an episode
-        that lasts all these steps."""
-        self._send("loop", ("loop", np.asarray(chunk), int(repeats)))
-
-    def recv_loop(self, timeout_s: float) -> tuple[int, float, float]:
-        return self._recv(timeout_s)
 
     def recv(self, timeout_s: float) -> list[Observation | None] | list[ChunkStep | None]:
         """The answer to the oldest pending request, one record per slot."""

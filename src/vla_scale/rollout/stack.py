@@ -1,0 +1,35 @@
+"""The rollout side of a run, built in one place for the trainer and `launch/eval.py`: Ray joined or started from
+the parallel config, one process's simulator fleet for an env config, and the episode length in chunks its env
+loop plays."""
+
+from __future__ import annotations
+
+from vla_scale.config import EnvConfig, ParallelConfig
+from vla_scale.models import PretrainedVLA
+from vla_scale.sim.cluster import sim_node_count, start_ray
+from vla_scale.sim.fleet import SimFleet
+
+
+def start_ray_for(parallel: ParallelConfig) -> None:
+    """Join `parallel.ray_address`, or start a local Ray as the config says."""
+    start_ray(parallel.ray_address, parallel.ray_dashboard, parallel.ray_num_cpus)
+
+
+def start_fleet(env: EnvConfig, vla: PretrainedVLA, size: int) -> SimFleet:
+    """`size` simulators of `env`, built with what `vla` needs from them (`PretrainedVLA.simulator_kwargs`), placed
+    as `env` says; in disaggregated mode the simulation nodes must be there first."""
+    disagg = env.disagg_sim
+    if disagg.enable and sim_node_count() < disagg.nnodes:
+        raise RuntimeError(
+            f"env.disagg_sim.enable=true expects {disagg.nnodes} simulation node(s) offering the 'sim' resource, "
+            f"the Ray cluster has {sim_node_count()}: start them with `ray start --address=<head>:6379 "
+            "--resources='{\"sim\": 1}'` or lower env.disagg_sim.nnodes"
+        )
+    return SimFleet(env.name, vla.simulator_kwargs(env), size, env.num_workers, env.sims_per_worker,
+                    env.step_timeout_s, stages=env.rollout.pipeline_stage_num, max_failures=env.max_failures,
+                    sim_resource=disagg.enable, in_process=env.sim_workers_in_trainer)
+
+
+def max_chunks(env: EnvConfig, chunk_len: int) -> int:
+    """Chunks an episode of `env.max_steps` env steps takes at most (the last one may stop part-way)."""
+    return -(-env.max_steps // chunk_len)
