@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--suite", default="libero_spatial")
     parser.add_argument("--chunks", type=int, default=10)
     parser.add_argument("--resolution", type=int, default=128)
-    parser.add_argument("--texture-max-side", type=int, default=0, help="env.libero_texture_max_side (0: LIBERO's)")
+    parser.add_argument("--texture-max-side", type=int, default=0, help="env.libero.texture_max_side (0: LIBERO's)")
     args = parser.parse_args()
     kwargs = {"camera_resolution": args.resolution, "settle_steps": 10, "texture_max_side": args.texture_max_side}
     procs = [SimProcess("libero", 1, kwargs) for _ in range(args.procs)]

@@ -16,7 +16,7 @@ device, the embedded reach task's simulators in their processes, rendering throu
   chunk steps; ours reads the entropy off the update's own logits). The update, the recompute and the sync are the
   same code in both (both recompute old log-probs before one optimizer step per RL step, as SimpleVLA-RL does).
 
-`--sim-ms` gives the reach task's simulators real physics work (`env.reach_physics_substeps`, calibrated here to that
+`--sim-ms` gives the reach task's simulators real physics work (`env.reach.physics_substeps`, calibrated here to that
 many CPU ms per env step) so that simulation costs what LIBERO's does: 26 ms of CPU per env step outside rendering,
 measured for libero_spatial on the 2-core CPU machine (docs/performance.md). Per step it prints: rollout (decode busy,
 decode waiting on the simulators, simulator busy and idle per process), recompute, update (seconds and MFU at the
@@ -86,10 +86,10 @@ def trainer_config(args: argparse.Namespace, substeps: int) -> Config:
         "algo=grpo", f"algo.batch_size={args.groups}", f"algo.group_size={args.group_size}",
         "algo.mini_batches=1", f"algo.micro_batches={max(1, samples // args.micro_batch)}",
         "algo.max_resample_rounds=0", "algo.filter_low=0", "algo.filter_high=1",  # every group kept: fixed work
-        "env=reach", "env.max_delta=1e-9",  # the end effector stays put: no episode ends early, the same work
+        "env=reach", "env.reach.max_delta=1e-9",  # the end effector stays put: no episode ends early, the same work
         f"env.max_steps={args.max_steps}", "env.camera_resolution=0", f"env.num_workers={args.workers}",
         f"env.sims_per_worker={args.sims}", f"env.rollout.pipeline_stage_num={args.stages}",
-        f"env.reach_physics_substeps={substeps}", "env.step_timeout_s=600", "progress=false", "save_every=0",
+        f"env.reach.physics_substeps={substeps}", "env.step_timeout_s=600", "progress=false", "save_every=0",
         f"deepspeed={'zero3_bf16' if gpu else 'zero3'}",
         f"deepspeed.offload_states_during_rollout={str(gpu).lower()}",
         f"deepspeed.release_engine_during_update={str(gpu).lower()}",

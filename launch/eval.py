@@ -197,8 +197,8 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(dict_cfg: DictConfig) -> float:
     cfg = to_config(dict_cfg)
-    if not any(arg.startswith(("env.libero_scenes=", "++env.libero_scenes=")) for arg in sys.argv[1:]):
-        cfg.env.libero_scenes = "official"  # the scenes published success rates were measured on
+    if not any(arg.startswith(("env.libero.scenes=", "++env.libero.scenes=")) for arg in sys.argv[1:]):
+        cfg.env.libero.scenes = "official"  # the scenes published success rates were measured on
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
     try:
         validate(cfg)

@@ -98,6 +98,58 @@ class DisaggSimConfig:
 
 
 @dataclass
+class ReachConfig:
+    max_delta: float = 0.03
+    """End-effector displacement in metres per env step at |action| = 1."""
+    physics_substeps: int = 0
+    """MuJoCo physics steps (mj_step) run after each action (0: none, the task stays kinematic); real simulation work
+    that gives its simulators the cost per env step of a heavier scene (benchmarks/rl_step.py)."""
+
+    def simulator_kwargs(self) -> dict[str, Any]:
+        return {"max_delta": self.max_delta, "physics_substeps": self.physics_substeps}
+
+    def startup_problems(self) -> list[str]:
+        return []
+
+
+@dataclass
+class LiberoConfig:
+    settle_steps: int = 10
+    """No-op steps after each reset while the objects come to rest (OFT waits 10); not counted in env.max_steps."""
+    assets: str = ""
+    """Scene assets folder ('' uses the assets installed by `make libero`)."""
+    texture_max_side: int = 0
+    """Render from a copy of the assets with textures of at most this many pixels a side (0: LIBERO's own, as the
+    official evaluation renders); 1024 takes ~0.5 GiB less per simulator, images within 2 intensity levels."""
+    scenes: str = "per_episode"
+    """Fixture layouts: per_episode (seeded by task and init state) or official (OFT's eval episode k scenes)."""
+
+    def simulator_kwargs(self) -> dict[str, Any]:
+        return {"settle_steps": self.settle_steps, "assets_path": self.assets or None,
+                "texture_max_side": self.texture_max_side, "scenes": self.scenes}
+
+    def startup_problems(self) -> list[str]:
+        """The scene mode, the LIBERO package and its scene assets, checked before any simulator starts."""
+        from vla_scale.envs.libero import SCENES
+        from vla_scale.envs.libero_install import LiberoNotInstalled, resolve_assets
+
+        problems = []
+        if self.scenes not in SCENES:
+            problems.append(f"env.libero.scenes={self.scenes!r} is not a LIBERO scene mode; choose one of "
+                            f"{list(SCENES)}")
+        try:
+            resolve_assets(self.assets or None)
+        except LiberoNotInstalled as err:
+            problems.append(str(err))
+        return problems
+
+
+SIMULATOR_SETTINGS: dict[str, type] = {"reach": ReachConfig, "libero": LiberoConfig}
+"""Each simulator of the env registry with its settings class; `EnvConfig` holds one field of that class per name
+(`env.reach.*`, `env.libero.*`), and the class builds that simulator's kwargs and makes its start-up checks."""
+
+
+@dataclass
 class EnvConfig:
     name: str = "reach"
     """Simulator name from the env registry (`vla_scale.envs.registry.ENVS`)."""
@@ -114,20 +166,6 @@ class EnvConfig:
     max_steps: int = 40
     """Env steps per episode before it ends unsuccessfully (LIBERO: each configs/env/libero_*.yaml sets its suite's
     OpenVLA-OFT limit; SimpleVLA-RL used 512)."""
-    max_delta: float = 0.03
-    """Reach task: end-effector displacement in metres per env step at |action| = 1."""
-    reach_physics_substeps: int = 0
-    """Reach task: MuJoCo physics steps (mj_step) run after each action (0: none, the task stays kinematic); real
-    simulation work that gives its simulators the cost per env step of a heavier scene (benchmarks/rl_step.py)."""
-    settle_steps: int = 10
-    """LIBERO: no-op steps after each reset while the objects come to rest (OFT waits 10); not counted in max_steps."""
-    libero_assets: str = ""
-    """LIBERO: scene assets folder ('' uses the assets installed by `make libero`)."""
-    libero_texture_max_side: int = 0
-    """LIBERO: render from a copy of the assets with textures of at most this many pixels a side (0: LIBERO's own, as
-    the official evaluation renders); 1024 takes ~0.5 GiB less per simulator, images within 2 intensity levels."""
-    libero_scenes: str = "per_episode"
-    """LIBERO fixture layouts: per_episode (seeded by task and init state) or official (OFT's eval episode k scenes)."""
     train_on_eval_states: bool = False
     """Train on the EVAL init states (SimpleVLA-RL's setting, for comparison); false keeps TRAIN and EVAL disjoint."""
     eval_videos_per_task: int = 0
@@ -144,32 +182,31 @@ class EnvConfig:
     """Colocated mode only: run the sim workers inside the trainer process, so a pipeline-stage hand-over is a pipe
     write and read to the simulator processes with no Ray call (false: Ray actors; disaggregated mode always uses
     Ray actors on the simulation nodes)."""
+    reach: ReachConfig = field(default_factory=ReachConfig)
+    """The embedded reach task's own settings (used when name=reach)."""
+    libero: LiberoConfig = field(default_factory=LiberoConfig)
+    """LIBERO's own settings (used when name=libero)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """How the env loop overlaps simulation and decoding."""
     disagg_sim: DisaggSimConfig = field(default_factory=DisaggSimConfig)
     """Simulators on separate nodes (disaggregated mode)."""
 
+    def simulator(self) -> ReachConfig | LiberoConfig:
+        """The settings of the simulator `name` names (its field of the same name)."""
+        if self.name not in SIMULATOR_SETTINGS:
+            raise ConfigError(f"env.name={self.name!r} is not a known simulator; choose one of "
+                              f"{sorted(SIMULATOR_SETTINGS)}")
+        return getattr(self, self.name)
+
     def simulator_kwargs(self) -> dict[str, Any]:
         """The constructor kwargs of `name`'s simulator (`envs.registry.make_env(name, **kwargs)`)."""
-        if self.name == "libero":
-            return {"camera_resolution": self.camera_resolution, "settle_steps": self.settle_steps,
-                    "max_steps": self.max_steps, "assets_path": self.libero_assets or None,
-                    "texture_max_side": self.libero_texture_max_side, "scenes": self.libero_scenes}
         return {"camera_resolution": self.camera_resolution, "max_steps": self.max_steps,
-                "max_delta": self.max_delta, "physics_substeps": self.reach_physics_substeps}
+                **self.simulator().simulator_kwargs()}
 
     def startup_problems(self) -> list[str]:
-        """What keeps the simulator from starting that can be seen before it starts (LIBERO: its package and scene
-        assets), one line each naming the key or the install step."""
-        if self.name != "libero":
-            return []
-        from vla_scale.envs.libero_install import LiberoNotInstalled, resolve_assets
-
-        try:
-            resolve_assets(self.libero_assets or None)
-        except LiberoNotInstalled as err:
-            return [str(err)]
-        return []
+        """What keeps the simulator from starting that can be seen before it starts (LIBERO: its scene mode, package
+        and assets), one line each naming the key or the install step."""
+        return self.simulator().startup_problems()
 
 
 @dataclass
@@ -262,16 +299,6 @@ class DeepSpeedConfig:
 
 
 @dataclass
-class TrainerConfig:
-    nnodes: int = 1
-    """Train/rollout nodes (Ray resource `train_rollout`)."""
-    n_rollout_gpus_per_node: int = 1
-    """GPUs per train/rollout node used by trainer ranks (their rollout engines are colocated)."""
-    n_env_gpus_per_node: int = 0
-    """GPUs per simulation node available to simulators for rendering (0: CPU rendering)."""
-
-
-@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy."""
@@ -283,8 +310,6 @@ class Config:
     """Ray and process placement."""
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     """The DeepSpeed actor."""
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    """Node layout of the trainer side."""
     seed: int = 0
     """Seed of the task sampler, the model init and the rollout sampling."""
     deterministic: bool = False
@@ -354,10 +379,9 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     "env.disagg_sim.nnodes": AT_LEAST_1,
     **{f"env.{k}": AT_LEAST_1 for k in ("num_tasks", "num_eval_init_states", "max_steps", "num_workers",
                                        "sims_per_worker", "max_failures")},
-    **{f"env.{k}": AT_LEAST_0 for k in ("num_train_init_states", "camera_resolution", "settle_steps",
-                                       "reach_physics_substeps",
-                                       "libero_texture_max_side", "eval_videos_per_task")},
-    "env.max_delta": POSITIVE,
+    **{f"env.{k}": AT_LEAST_0 for k in ("num_train_init_states", "camera_resolution", "eval_videos_per_task",
+                                       "reach.physics_substeps", "libero.settle_steps", "libero.texture_max_side")},
+    "env.reach.max_delta": POSITIVE,
     "env.step_timeout_s": POSITIVE,
     **{f"algo.{k}": AT_LEAST_1 for k in ("batch_size", "mini_batches", "micro_batches")},
     "algo.group_size": AT_LEAST_2,
@@ -368,8 +392,6 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     "deepspeed.param_persistence_threshold": AT_LEAST_0,
     **{f"deepspeed.{k}": AT_LEAST_1 for k in ("prefetch_bucket_size", "max_live_parameters", "sync_bucket_mb",
                                              "sync_verify_every")},
-    **{f"trainer.{k}": AT_LEAST_1 for k in ("nnodes", "n_rollout_gpus_per_node")},
-    "trainer.n_env_gpus_per_node": AT_LEAST_0,
     **{k: AT_LEAST_1 for k in ("steps", "eval_every")},
     **{k: AT_LEAST_0 for k in ("seed", "save_every")},
 }
@@ -411,7 +433,6 @@ def _divisors(n: int, limit: int = 64) -> list[int]:
 
 def validate(cfg: Config, world_size: int = 1) -> Config:
     """Check the arithmetic and the names; raise one ConfigError listing every problem and its fix."""
-    from vla_scale.envs.libero import SCENES as LIBERO_SCENES
     from vla_scale.envs.registry import ENVS, SUITES, suite_num_tasks
 
     out_of_range = range_problems(cfg)
@@ -480,9 +501,6 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
                         "env.train_on_eval_states=true")
     if e.name in ENVS:
         problems += e.startup_problems()
-    if e.libero_scenes not in LIBERO_SCENES:
-        problems.append(f"env.libero_scenes={e.libero_scenes!r} is not a LIBERO scene mode; choose one of "
-                        f"{list(LIBERO_SCENES)}")
     ds = cfg.deepspeed
     for key in ("offload_param", "leaf_modules"):
         if getattr(ds, key) and ds.zero_stage != 3:
@@ -523,8 +541,8 @@ def field_docs() -> dict[str, list[tuple[str, str, str, str]]]:
 def config_markdown() -> str:
     """docs/CONFIG.md: every field with its type, default and meaning."""
     sections = {"Config": "top level", "ModelConfig": "model", "EnvConfig": "env", "RolloutConfig": "env.rollout",
-                "DisaggSimConfig": "env.disagg_sim", "AlgoConfig": "algo", "ParallelConfig": "parallel",
-                "DeepSpeedConfig": "deepspeed", "TrainerConfig": "trainer"}
+                "DisaggSimConfig": "env.disagg_sim", "ReachConfig": "env.reach", "LiberoConfig": "env.libero",
+                "AlgoConfig": "algo", "ParallelConfig": "parallel", "DeepSpeedConfig": "deepspeed"}
     lines = ["# Configuration", "", "Generated from `src/vla_scale/config.py` by `python -m vla_scale.config`; "
              "override any field on the command line (`algo.lr=3e-4`) or pick a group option (`deepspeed=zero2`).", ""]
     docs = field_docs()

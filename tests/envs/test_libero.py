@@ -137,7 +137,7 @@ def test_train_and_eval_init_states_are_disjoint_unless_asked() -> None:
             env = validate(to_config(compose(config_name="config", overrides=[f"env={suite}"]))).env
             train, evals = init_state_ids(env, "train"), init_state_ids(env, "eval")
             assert (len(train), len(evals)) == (40, 10) and not set(train) & set(evals)
-            assert env.max_steps == OFT_MAX_STEPS[suite] and env.settle_steps == 10
+            assert env.max_steps == OFT_MAX_STEPS[suite] and env.libero.settle_steps == 10
         simplevla = to_config(compose(config_name="config", overrides=[
             "env=libero_spatial", "env.train_on_eval_states=true", "env.num_train_init_states=0",
             "env.num_eval_init_states=50", "env.max_steps=512"]))
@@ -155,12 +155,12 @@ def test_scene_modes_are_checked_and_passed_from_the_config() -> None:
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = to_config(compose(config_name="config", overrides=["env=libero_spatial"]))
-        assert cfg.env.libero_scenes == "per_episode" and cfg.env.simulator_kwargs()["scenes"] == "per_episode"
+        assert cfg.env.libero.scenes == "per_episode" and cfg.env.simulator_kwargs()["scenes"] == "per_episode"
         official = to_config(compose(config_name="config", overrides=["env=libero_spatial",
-                                                                      "env.libero_scenes=official"]))
+                                                                      "env.libero.scenes=official"]))
         assert validate(official).env.simulator_kwargs()["scenes"] == "official"
-        bad = to_config(compose(config_name="config", overrides=["env=libero_spatial", "env.libero_scenes=oft"]))
-    with pytest.raises(ConfigError, match="env.libero_scenes='oft'"):
+        bad = to_config(compose(config_name="config", overrides=["env=libero_spatial", "env.libero.scenes=oft"]))
+    with pytest.raises(ConfigError, match="env.libero.scenes='oft'"):
         validate(bad)
 
 

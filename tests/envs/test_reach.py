@@ -113,9 +113,9 @@ def test_physics_substeps_simulate_without_changing_the_task() -> None:
 
 
 def test_the_env_config_builds_the_physics_cost_into_its_simulators() -> None:
-    from vla_scale.config import EnvConfig
+    from vla_scale.config import EnvConfig, ReachConfig
 
-    env = make_env("reach", **EnvConfig(reach_physics_substeps=3).simulator_kwargs())
+    env = make_env("reach", **EnvConfig(reach=ReachConfig(physics_substeps=3)).simulator_kwargs())
     try:
         assert env.physics_substeps == 3
     finally:
@@ -181,7 +181,7 @@ def test_random_policy_success_rate(settings: str) -> None:
     kwargs = {}
     if settings != "constructor defaults":
         shipped = yaml.safe_load(SHIPPED.read_text())
-        kwargs = {"max_steps": shipped["max_steps"], "max_delta": shipped["max_delta"]}
+        kwargs = {"max_steps": shipped["max_steps"], "max_delta": shipped["reach"]["max_delta"]}
     env = ReachEnv(**kwargs)
     rng = np.random.default_rng(0)
     episodes = 150

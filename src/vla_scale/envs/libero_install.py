@@ -55,7 +55,7 @@ def resolve_assets(user_path: str | os.PathLike[str] | None = None) -> Path:
     if user_path:
         path = Path(user_path).expanduser().resolve()
         if not (path / "scenes").is_dir():
-            raise LiberoNotInstalled(f"LIBERO assets folder {path} has no scenes/ subfolder; point env.libero_assets "
+            raise LiberoNotInstalled(f"LIBERO assets folder {path} has no scenes/ subfolder; point env.libero.assets "
                                      "at a folder holding LIBERO's assets (scenes/, textures/, stable_*_objects/ ...)")
         return path
     linked = benchmark_root() / "assets"
