@@ -251,7 +251,7 @@ def update_alone(trainer) -> float:
     adv = group_advantages(torch.tensor([t.reward for t in trajs]), [t.uid for t in trajs])
     plans = [trainer._loss_plan(mini, trajs, adv) for mini in trainer._mini_batches(trajs)]
     micro = [[trainer._micro_batch(mb, part) for part in mb.parts] for mb in plans]
-    trainer._make_room_for_update()
+    trainer.memory.for_update()
     device = trainer.actor.device
     if device.type == "cuda":
         torch.cuda.synchronize()

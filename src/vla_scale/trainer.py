@@ -32,7 +32,7 @@ from vla_scale.algo import (
     token_weights,
     truncated_is_weights,
 )
-from vla_scale.config import Config, ConfigError, as_yaml, validate
+from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, validate
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
 from vla_scale.models.policy import PolicyInputs
@@ -86,6 +86,60 @@ class PhaseTimer:
         return {f"time/{name}_s": value for name, value in self.seconds.items()}
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """When a run evaluates, saves and sends the next step's resets ahead, by step count (`step` = steps done)."""
+
+    steps: int
+    eval_every: int
+    save_every: int
+
+    def evaluates_before(self, step: int) -> bool:
+        """An evaluation runs before step `step + 1` (at step 0, every `eval_every`; the end has its own)."""
+        return step % self.eval_every == 0
+
+    def saves_after(self, step: int) -> bool:
+        """A checkpoint is written once `step` steps are done (before the end, which always saves if saving)."""
+        return bool(self.save_every) and step % self.save_every == 0 and step < self.steps
+
+    def prefetches_after(self, step: int) -> bool:
+        """Once step `step + 1` has rolled out, the next one's resets may go out: it exists and starts with a
+        rollout, not an evaluation."""
+        following = step + 1
+        return following < self.steps and not self.evaluates_before(following)
+
+
+class ColocatedMemory:
+    """Who holds the GPU when the actor and the rollout engine share it, as the two colocated-memory options say:
+    during a rollout the engine's weights and the actor's working shard; during an update the actor's optimizer
+    state, fp32 weights and gradients (`deepspeed.offload_states_during_rollout`), the engine's weights released
+    (`deepspeed.release_engine_during_update`). Without the options nothing moves."""
+
+    def __init__(self, actor: Actor, engine: RolloutEngine, ds: DeepSpeedConfig):
+        self.actor, self.engine, self.ds = actor, engine, ds
+
+    def for_update(self) -> None:
+        if self.ds.release_engine_during_update:
+            self.engine.release_memory_occupation()
+        self.actor.reload_states()
+
+    def for_rollout(self) -> None:
+        """Before the weight sync that ends an update: the engine takes its memory back to receive the weights."""
+        if self.ds.offload_states_during_rollout:
+            self.actor.offload_states()
+        self.engine.resume_memory_occupation()
+
+    @contextmanager
+    def optimizer_on_device(self) -> Iterator[None]:
+        """The optimizer state where training keeps it (a checkpoint saves it from there), then back."""
+        self.actor.reload_states()
+        try:
+            yield
+        finally:
+            if self.ds.offload_states_during_rollout:
+                self.actor.offload_states()
+
+
 class RunComplete(Exception):
     """A resumed run has already reached `steps`: there is nothing to do (the entry script exits 0)."""
 
@@ -130,6 +184,7 @@ class Trainer:
                 raise RunComplete(f"{run_dir} is already at step {done} (steps={cfg.steps}): nothing to train, "
                                   f"no file touched; pass steps=<more than {done}> to continue it")
         self.max_chunks = max_chunks(cfg.env, cfg.model.chunk_len)
+        self.schedule = Schedule(cfg.steps, cfg.eval_every, cfg.save_every)
         self.tokenizer, self.processor = self.vla.tokenizer, self.vla.processor
         self.step, self.version = 0, 0
         self.groups = cfg.algo.batch_size // self.world  # groups this rank rolls out per step
@@ -148,6 +203,7 @@ class Trainer:
         engine_dtype = torch.bfloat16 if cfg.deepspeed.bf16 else None  # the engine holds what the actor holds
         self.engine = RolloutEngine(self.vla.policy, self.actor.device, seed=cfg.seed * 1000 + self.rank,
                                     dtype=engine_dtype)
+        self.memory = ColocatedMemory(self.actor, self.engine, cfg.deepspeed)
         self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
         self._start_ray()
         self.fleet = start_fleet(cfg.env, self.vla, self.groups * cfg.algo.group_size)
@@ -178,7 +234,7 @@ class Trainer:
         last: dict[str, float] = {}
         bar = progress(cfg.steps, self.step, cfg.progress and self.rank == 0, "train")
         while self.step < cfg.steps:
-            if self.step % cfg.eval_every == 0:
+            if self.schedule.evaluates_before(self.step):
                 last.update(self.evaluate())
             metrics = self.train_step()
             self.log.scalars(metrics, self.step)
@@ -186,7 +242,7 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(success=f"{metrics['train/success_rate']:.2f}",
                             eval=f"{last.get('eval/success_rate', 0):.2f}")
-            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
+            if self.schedule.saves_after(self.step):
                 self.save()
         bar.close()
         last.update(self.evaluate())
@@ -199,17 +255,15 @@ class Trainer:
         """One RL step: rollout (with refills), the update (old log-probs recomputed first where configured), the
         weight sync; the next step's resets go out before the update so the simulators reset while the actor trains.
         Returns the step's metrics, its phases timed under `time/`."""
-        cfg = self.cfg
         timer = PhaseTimer()
         with timer("rollout"):
             batch = self.collect()
-        following = self.step + 1
-        if following < cfg.steps and following % cfg.eval_every:  # the next step starts with a rollout
+        if self.schedule.prefetches_after(self.step):
             self.next_specs = self.sampler.draw(self.groups)
             self.loop.prefetch(self._episodes(self.next_specs))
             self.events.append(("reset_sent", time.perf_counter()))
         with timer("make_room"):
-            self._make_room_for_update()
+            self.memory.for_update()
         with timer("update"):
             stats = self.update(batch)
         self.events.append(("update_done", time.perf_counter()))
@@ -345,12 +399,9 @@ class Trainer:
     def sync(self, version: int) -> SyncReport:
         """Actor -> engine in buckets; every rank's engine must hold the actor's exact weights (checksum logged).
 
-        With the colocated-memory options the actor's optimizer state leaves the GPU first and the engine takes its
-        weights' memory back; see `_make_room_for_update` for the other half."""
+        With the colocated-memory options the GPU is the rollout's again first (`ColocatedMemory.for_rollout`)."""
         ds = self.cfg.deepspeed
-        if ds.offload_states_during_rollout:
-            self.actor.offload_states()
-        self.engine.resume_memory_occupation()
+        self.memory.for_rollout()
         verify = version % ds.sync_verify_every == 0 or version == self._first_sync
         report = sync_weights(self.actor.policy, self.engine, version, ds.sync_bucket_mb, verify)
         self.version = report.version
@@ -359,13 +410,6 @@ class Trainer:
         # every rank checked its engine bit for bit; the checksum is already one over all ranks' shares
         self.log.text("sync/checksum", f"v{version}: {report.checksum} on {self.world} rank(s)", version)
         return report
-
-    def _make_room_for_update(self) -> None:
-        """Colocated memory: the engine's weights leave the GPU and the actor's optimizer state comes back."""
-        ds = self.cfg.deepspeed
-        if ds.release_engine_during_update:
-            self.engine.release_memory_occupation()
-        self.actor.reload_states()
 
     # ---- evaluation -------------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -394,10 +438,8 @@ class Trainer:
         state = {"step": self.step, "version": self.version, "sampler": self.sampler.state_dict(),
                  "engine_rng": self.engine.generator.get_state(), "rng": checkpoint.rng_state(),
                  "next_specs": self.next_specs}
-        self.actor.reload_states()  # checkpoints hold the optimizer state where training keeps it
-        self.actor.save(root, tag, {"step": self.step})
-        if self.cfg.deepspeed.offload_states_during_rollout:
-            self.actor.offload_states()
+        with self.memory.optimizer_on_device():
+            self.actor.save(root, tag, {"step": self.step})
         checkpoint.write_trainer_state(os.path.join(root, tag), self.rank, state)
         if self.rank == 0:
             checkpoint.write_run_config(os.path.join(root, tag), self.cfg.model, self.cfg.algo, self.world)

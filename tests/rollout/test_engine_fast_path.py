@@ -171,6 +171,6 @@ def test_the_engine_stacks_q_k_v_and_gate_up_weights_without_copies(engines):
     _, fast, _ = engines
     for layer in fast.policy.language_model.model.layers:
         w = _llama_weights(layer)
-        assert w[16] is not None and w[17] is not None
-        assert w[16].data_ptr() == w[1].data_ptr() and torch.equal(w[16], torch.cat([w[1], w[3], w[5]]))
-        assert w[17].data_ptr() == w[10].data_ptr() and torch.equal(w[17], torch.cat([w[10], w[12]]))
+        assert w.qkv is not None and w.gate_up is not None
+        assert w.qkv.data_ptr() == w.q.data_ptr() and torch.equal(w.qkv, torch.cat([w.q, w.k, w.v]))
+        assert w.gate_up.data_ptr() == w.gate.data_ptr() and torch.equal(w.gate_up, torch.cat([w.gate, w.up]))

@@ -1,12 +1,13 @@
 """The vision backbone of OpenVLA(-OFT): one or two ViT towers (e.g. DINOv2 with registers + SigLIP), fused per patch.
 
-Why native towers instead of timm: timm's data module imports torchvision, which cannot live beside the CPU torch
-of this project (docs in ENVIRONMENT.md), and transformers' own Dinov2/Siglip models name and lay out their weights
-differently from the official checkpoints. The ViT below is small, keeps timm's parameter names (so an official
-`model.safetensors` loads key for key) and reproduces what the official featurizer computes: patch embedding,
-position embedding (added before or after the class/register tokens, as timm does), optional pre-norm (CLIP),
-pre-norm blocks with optional LayerScale (stored as `ls*.scale_factor`, the official rename of timm's `gamma`), and
-the output of the second-to-last block without the final norm, prefix tokens dropped (`get_intermediate_layers`).
+Why native towers instead of timm: timm's data module imports torchvision, and PyPI's torchvision is a CUDA build
+that fails to import beside the CPU torch this project installs (`operator torchvision::nms does not exist`);
+transformers' own Dinov2/Siglip models name and lay out their weights differently from the official checkpoints. The
+ViT below is small, keeps timm's parameter names (so an official `model.safetensors` loads key for key) and
+reproduces what the official featurizer computes: patch embedding, position embedding (added before or after the
+class/register tokens, as timm does), optional pre-norm (CLIP), pre-norm blocks with optional LayerScale (stored as
+`ls*.scale_factor`, the official rename of timm's `gamma`), and the output of the second-to-last block without the
+final norm, prefix tokens dropped (`get_intermediate_layers`).
 
 Modules an official tower owns but never runs (the last block, the final norm, SigLIP's attention-pool head) are
 kept so that checkpoints round-trip, and frozen: no gradient ever reaches them.

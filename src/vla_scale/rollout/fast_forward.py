@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +41,30 @@ from vla_scale.models.vision import ViT, quick_gelu
 from vla_scale.sync.spans import span
 
 Weights = tuple[Tensor | None, ...]
+
+
+class LlamaWeights(NamedTuple):
+    """One decoder layer's tensors as the functions below read them (biases None where the layer has none)."""
+
+    input_norm: Tensor
+    q: Tensor
+    q_bias: Tensor | None
+    k: Tensor
+    k_bias: Tensor | None
+    v: Tensor
+    v_bias: Tensor | None
+    o: Tensor
+    o_bias: Tensor | None
+    post_norm: Tensor
+    gate: Tensor
+    gate_bias: Tensor | None
+    up: Tensor
+    up_bias: Tensor | None
+    down: Tensor
+    down_bias: Tensor | None
+    qkv: Tensor | None  # q, k and v weights as one matrix (a view), when they lie end to end without biases
+    gate_up: Tensor | None  # gate and up weights as one matrix, likewise
+
 Groups = tuple[tuple[int, int], ...]  # (rows, positions per row) for each run of equal-length rows, in packed order
 
 
@@ -80,43 +104,41 @@ def _rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)
 
 
-def llama_qkv(x: Tensor, cos: Tensor, sin: Tensor, w: Weights, heads: int, kv_heads: int, eps: float
+def llama_qkv(x: Tensor, cos: Tensor, sin: Tensor, w: LlamaWeights, heads: int, kv_heads: int, eps: float
               ) -> tuple[Tensor, Tensor, Tensor]:
-    """Input norm, projections and rotary embedding of packed positions x [N, D]: q [N, H, hd], k, v [N, H_kv, hd].
-    w = (input norm, q, q bias, k, k bias, v, v bias, o, o bias, post-attention norm, gate, gate bias, up, up bias,
-    down, down bias, q-k-v weights as one matrix or None, gate-up weights as one matrix or None)."""
+    """Input norm, projections and rotary embedding of packed positions x [N, D]: q [N, H, hd], k, v [N, H_kv, hd]."""
     n = x.shape[0]
-    h = _rms_norm(x, w[0], eps)
-    if w[16] is not None:  # one product for all three (same dot products, one launch, fuller waves)
-        q, k, v = F.linear(h, w[16]).split([w[1].shape[0], w[3].shape[0], w[5].shape[0]], dim=1)
+    h = _rms_norm(x, w.input_norm, eps)
+    if w.qkv is not None:  # one product for all three (same dot products, one launch, fuller waves)
+        q, k, v = F.linear(h, w.qkv).split([w.q.shape[0], w.k.shape[0], w.v.shape[0]], dim=1)
         q, k, v = q.view(n, heads, -1), k.view(n, kv_heads, -1), v.view(n, kv_heads, -1)
     else:
-        q = F.linear(h, w[1], w[2]).view(n, heads, -1)
-        k = F.linear(h, w[3], w[4]).view(n, kv_heads, -1)
-        v = F.linear(h, w[5], w[6]).view(n, kv_heads, -1)
+        q = F.linear(h, w.q, w.q_bias).view(n, heads, -1)
+        k = F.linear(h, w.k, w.k_bias).view(n, kv_heads, -1)
+        v = F.linear(h, w.v, w.v_bias).view(n, kv_heads, -1)
     return _rotary(q, cos, sin), _rotary(k, cos, sin), v
 
 
-def llama_qkv_rows(x: Tensor, read: Tensor, cos: Tensor, sin: Tensor, w: Weights, heads: int, kv_heads: int,
+def llama_qkv_rows(x: Tensor, read: Tensor, cos: Tensor, sin: Tensor, w: LlamaWeights, heads: int, kv_heads: int,
                    eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """`llama_qkv` for the last layer: keys and values at every position, queries only at the packed indices
     `read` int64[R]; also returns x at `read` (the residual stream of those rows)."""
     n = x.shape[0]
-    h = _rms_norm(x, w[0], eps)
-    k = F.linear(h, w[3], w[4]).view(n, kv_heads, -1)
-    v = F.linear(h, w[5], w[6]).view(n, kv_heads, -1)
-    q = F.linear(h.index_select(0, read), w[1], w[2]).view(read.shape[0], heads, -1)
+    h = _rms_norm(x, w.input_norm, eps)
+    k = F.linear(h, w.k, w.k_bias).view(n, kv_heads, -1)
+    v = F.linear(h, w.v, w.v_bias).view(n, kv_heads, -1)
+    q = F.linear(h.index_select(0, read), w.q, w.q_bias).view(read.shape[0], heads, -1)
     q = _rotary(q, cos.index_select(0, read), sin.index_select(0, read))
     return q, _rotary(k, cos, sin), v, x.index_select(0, read)
 
 
-def llama_mlp_in(x: Tensor, w: Weights, eps: float) -> Tensor:
+def llama_mlp_in(x: Tensor, w: LlamaWeights, eps: float) -> Tensor:
     """Post-attention norm, gate and up projections and their SiLU product: the down projection's input."""
-    h = _rms_norm(x, w[9], eps)
-    if w[17] is not None:
-        gate, up = F.linear(h, w[17]).split([w[10].shape[0], w[12].shape[0]], dim=1)
+    h = _rms_norm(x, w.post_norm, eps)
+    if w.gate_up is not None:
+        gate, up = F.linear(h, w.gate_up).split([w.gate.shape[0], w.up.shape[0]], dim=1)
         return F.silu(gate) * up
-    return F.silu(F.linear(h, w[10], w[11])) * F.linear(h, w[12], w[13])
+    return F.silu(F.linear(h, w.gate, w.gate_bias)) * F.linear(h, w.up, w.up_bias)
 
 
 def add_linear_(x: Tensor, h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -197,12 +219,12 @@ def _vit_weights(block: Any) -> Weights:
             block.norm2.weight, block.norm2.bias, *_linear(block.mlp.fc1), *_linear(block.mlp.fc2), *scales)
 
 
-def _llama_weights(layer: Any) -> Weights:
+def _llama_weights(layer: Any) -> LlamaWeights:
     attn, mlp = layer.self_attn, layer.mlp
-    return (layer.input_layernorm.weight, *_linear(attn.q_proj), *_linear(attn.k_proj), *_linear(attn.v_proj),
-            *_linear(attn.o_proj), layer.post_attention_layernorm.weight, *_linear(mlp.gate_proj),
-            *_linear(mlp.up_proj), *_linear(mlp.down_proj),
-            _stacked(attn.q_proj, attn.k_proj, attn.v_proj), _stacked(mlp.gate_proj, mlp.up_proj))
+    return LlamaWeights(layer.input_layernorm.weight, *_linear(attn.q_proj), *_linear(attn.k_proj),
+                        *_linear(attn.v_proj), *_linear(attn.o_proj), layer.post_attention_layernorm.weight,
+                        *_linear(mlp.gate_proj), *_linear(mlp.up_proj), *_linear(mlp.down_proj),
+                        _stacked(attn.q_proj, attn.k_proj, attn.v_proj), _stacked(mlp.gate_proj, mlp.up_proj))
 
 
 def _stacked(*linears: Any) -> Tensor | None:
@@ -303,26 +325,26 @@ class FastForward:
                                   self.tower(backbone.fused_featurizer, images[:, 3:])], dim=2)
         return features.reshape(batch, n * features.shape[1], features.shape[2])
 
-    def _mlp(self, x: Tensor, w: Weights) -> Tensor:
+    def _mlp(self, x: Tensor, w: LlamaWeights) -> Tensor:
         self._dynamic((x, 0))
-        return add_linear_(x, self._mlp_in(x, w, self.eps), w[14], w[15])
+        return add_linear_(x, self._mlp_in(x, w, self.eps), w.down, w.down_bias)
 
-    def _layer(self, x: Tensor, cos: Tensor, sin: Tensor, groups: Groups, w: Weights) -> Tensor:
+    def _layer(self, x: Tensor, cos: Tensor, sin: Tensor, groups: Groups, w: LlamaWeights) -> Tensor:
         """One decoder layer over the packed positions x [N, D], updated in place."""
         self._dynamic((x, 0), (cos, 0), (sin, 0))
         q, k, v = self._qkv(x, cos, sin, w, self.heads, self.kv_heads, self.eps)
         for rows, out in attend(q, k, v, groups, self.causal):
-            add_linear_(x[rows], out, w[7], w[8])
+            add_linear_(x[rows], out, w.o, w.o_bias)
         return self._mlp(x, w)
 
     def _last_layer(self, x: Tensor, read: Tensor, starts: Tensor, cos: Tensor, sin: Tensor, groups: Groups,
-                    w: Weights) -> Tensor:
+                    w: LlamaWeights) -> Tensor:
         """The last layer's output [B*K, D] at the positions `read` int64[B, K] of the rows (packed order)."""
         flat = (starts.unsqueeze(1) + read).flatten()
         self._dynamic((x, 0), (flat, 0), (cos, 0), (sin, 0))
         q, k, v, x_rows = self._qkv_rows(x, flat, cos, sin, w, self.heads, self.kv_heads, self.eps)
         for rows, out in attend(q, k, v, groups, self.causal, read):
-            add_linear_(x_rows[rows], out, w[7], w[8])
+            add_linear_(x_rows[rows], out, w.o, w.o_bias)
         return self._mlp(x_rows, w)
 
     def forward(self, pixel_values: Tensor, input_ids: Tensor, attention_mask: Tensor, proprio: Tensor | None,
