@@ -74,3 +74,44 @@ def test_src_has_no_import_circle():
     graph = import_graph()
     assert "vla_scale.trainer" in graph and "vla_scale.config" in graph["vla_scale.trainer"]
     assert circles(graph) == []
+
+
+ROOT = SRC.parent
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+
+
+def mapped_paths(text: str) -> set[str]:
+    """The file and folder paths the module map (the first ``` block under "## Layout") names, nesting resolved by
+    indentation (`  envs/` then `    types.py` is src/vla_scale/envs/types.py)."""
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    paths, stack = set(), []  # stack: (indent, folder)
+    for line in block.splitlines():
+        entry = line.split("  ", 1)[0] if not line.startswith(" ") else line.strip().split(" ", 1)[0]
+        if not entry or not line.strip() or line.startswith(" " * 30):  # blank, or a continued description
+            continue
+        indent = len(line) - len(line.lstrip())
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = "".join(folder for _, folder in stack) + entry
+        paths.add(path.rstrip("/"))
+        if entry.endswith("/"):
+            stack.append((indent, entry))
+    return paths
+
+
+def test_the_module_map_names_every_module_and_nothing_else():
+    named = mapped_paths(ARCHITECTURE.read_text())
+    modules = {str(p.relative_to(ROOT)) for d in ("src", "benchmarks", "launch") for p in (ROOT / d).rglob("*.py")
+               if p.name != "__init__.py"}
+    packages = {str(p.parent.relative_to(ROOT)) for p in (SRC / "vla_scale").rglob("__init__.py")
+                if p.parent != SRC / "vla_scale"}
+    listed = {p for p in named if p.startswith(("src/", "benchmarks/", "launch/"))}
+    assert modules - listed == set(), "modules missing from docs/ARCHITECTURE.md's map"
+    assert packages - listed == set(), "packages missing from docs/ARCHITECTURE.md's map"
+    assert {p for p in listed if not (ROOT / p).exists()} == set(), "the map names paths that do not exist"
+
+
+def test_every_package_says_its_idea():
+    for init in (SRC / "vla_scale").rglob("__init__.py"):
+        tree = ast.parse(init.read_text())
+        assert ast.get_docstring(tree), f"{init.relative_to(ROOT)} has no docstring saying its one idea"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vla_scale.envs.types import ChunkStep, Observation, SlotBatch
+from vla_scale.envs.types import ChunkStep, Observation
 from vla_scale.sim.shared_images import ImageReader, ImageWriter
+from vla_scale.sim.slot_batch import SlotBatch
 
 
 def answers(slots: int, answered: list[int], side: int, seed: int) -> list[Observation | ChunkStep | None]:

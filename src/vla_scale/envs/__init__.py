@@ -1,1 +1,1 @@
-"""Simulators: the embedded reach task, LIBERO, their registry, and the processes that run them."""
+"""One simulator playing one episode: the embedded reach task, LIBERO, their registry and records (numpy only)."""

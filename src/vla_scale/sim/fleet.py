@@ -38,9 +38,10 @@ from typing import Any
 import numpy as np
 import ray
 
-from vla_scale.envs.types import ChunkStep, Observation, SlotBatch, TaskSpec
+from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
 from vla_scale.sim.process import SimProcess, SimulatorError
 from vla_scale.sim.shared_images import ImageReader
+from vla_scale.sim.slot_batch import SlotBatch
 
 
 @dataclass

@@ -46,8 +46,9 @@ from typing import Any, Self
 
 import numpy as np
 
-from vla_scale.envs.types import ChunkStep, Observation, SlotBatch, TaskSpec
+from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
 from vla_scale.sim.shared_images import ImageReader, ImageWriter
+from vla_scale.sim.slot_batch import SlotBatch
 
 
 class SimulatorError(RuntimeError):
