@@ -70,6 +70,9 @@ def parse() -> argparse.Namespace:
                    help="untimed steps first (the optimizer state's first allocation and pinning happen in them)")
     p.add_argument("--micro-batch", type=int, default=16, help="samples per update micro-batch (about)")
     p.add_argument("--sim-ms", type=float, default=0.0, help="CPU ms of physics per env step (0: none added)")
+    p.add_argument("--rollout-sweep", type=float, nargs="*", default=None, metavar="SIM_MS",
+                   help="rollouts only (no update), at each of these simulator costs (CPU ms per env step): ours at "
+                        "S = 1 and --stages against the anchors' way")
     p.add_argument("--dry-run", action="store_true", help="CPU, small batch: check the script end to end")
     p.add_argument("--json", default="", help="write every figure here too")
     return p.parse_args()
@@ -153,13 +156,14 @@ class SequentialLoop(EnvLoop):
 
 
 def warm_up(trainer, cfg: Config) -> float:
-    """Compile the engine's fast path (once, for every batch size) before anything is timed; seconds it took."""
+    """Compile the engine's fast path (once, for every batch size: a stage's and the whole fleet's, S = 1) before
+    anything is timed; seconds it took."""
     from vla_scale.envs.reach import instructions
 
     start = time.perf_counter()
     rng = np.random.default_rng(0)
     vla, m = trainer.vla, cfg.model
-    for batch in (3, trainer.fleet.size // cfg.env.rollout.pipeline_stage_num):
+    for batch in (3, trainer.fleet.size // cfg.env.rollout.pipeline_stage_num, trainer.fleet.size):
         cams = len(vla.cameras)
         images = rng.integers(0, 256, (batch, cams, m.image_size, m.image_size, 3), dtype=np.uint8)
         proprio = rng.uniform(-1, 1, (batch, m.proprio_dim)).astype(np.float32)
@@ -243,6 +247,61 @@ def entropy_pass(trainer) -> float:
     return time.perf_counter() - start
 
 
+def rollout_row(trainer, cfg: Config, sim_ms: float, substeps: int, way: str, stages: int) -> dict:
+    """One rollout (`Trainer.collect`) on a fleet of its own: `way` ours (fast decode, `stages`) or anchors."""
+    env = replace(cfg.env, reach=replace(cfg.env.reach, physics_substeps=substeps),
+                  rollout=RolloutConfig(pipeline_stage_num=stages))
+    fleet = start_fleet(env, trainer.vla, trainer.fleet.size)
+    try:
+        boot = [s for s in trainer.sampler.draw(trainer.groups) for _ in range(cfg.algo.group_size)]
+        fleet.send_reset(boot, np.ones(fleet.size, dtype=bool))  # simulators built and reset before the clock starts
+        fleet.recv()
+        plain = MicroBatchedPlainDecode(trainer.engine) if way == "anchors" else None
+        loop_class = SequentialLoop if way == "anchors" else EnvLoop
+        saved = trainer.fleet, trainer.loop
+        trainer.fleet = fleet
+        trainer.loop = loop_class(fleet, plain or trainer.engine, trainer.vla, trainer.max_chunks)  # type: ignore[arg-type]
+        with plain or nullcontext():
+            start = time.perf_counter()
+            batch = trainer.collect()
+            seconds = time.perf_counter() - start
+        m = trainer.loop.stats.metrics(fleet.num_procs)
+        steps = trainer.loop.stats.env_steps
+        trainer.fleet, trainer.loop = saved
+    finally:
+        fleet.close()
+    sim_busy = m["rollout/env_utilisation"] * seconds
+    return {"sim_ms": sim_ms, "way": way, "S": stages, "rollout_s": seconds,
+            "decode_s": m["rollout/decode_utilisation"] * seconds, "sim_busy_s": sim_busy,
+            "ms_per_step": 1e3 * sim_busy * fleet.num_procs / max(steps, 1), "env_steps_per_s": steps / seconds,
+            "episodes": batch.episodes}
+
+
+SWEEP_COLUMNS = [("sim_ms", "--sim-ms", "{:g}"), ("ms_per_step", "sim CPU ms/env step (measured)", "{:.1f}"),
+                 ("way", "way", "{}"), ("S", "S", "{}"), ("rollout_s", "rollout s", "{:.1f}"),
+                 ("decode_s", "decode busy", "{:.1f}"), ("sim_busy_s", "sim busy/proc", "{:.1f}"),
+                 ("env_steps_per_s", "env steps/s", "{:.0f}"), ("speedup", "anchors / this", "{:.2f}")]
+
+
+def rollout_sweep(trainer, cfg: Config, costs: list[float], stages: int) -> None:
+    """Rollout seconds of ours (S = 1 and `stages`) and the anchors' way at each simulator cost, as a table."""
+    rows: list[dict] = []
+    for ms in costs:
+        substeps = substeps_for(ms)
+        anchors = rollout_row(trainer, cfg, ms, substeps, "anchors", 1)
+        group = [rollout_row(trainer, cfg, ms, substeps, "ours", s) for s in sorted({1, stages})] + [anchors]
+        for row in group:
+            row["speedup"] = anchors["rollout_s"] / row["rollout_s"]
+            print(" | ".join(fmt.format(row[key]) for key, _, fmt in SWEEP_COLUMNS), flush=True)
+        rows += group
+    lines = ["| " + " | ".join(t for _, t, _ in SWEEP_COLUMNS) + " |", "|" + "---|" * len(SWEEP_COLUMNS)]
+    lines += ["| " + " | ".join(fmt.format(r[k]) for k, _, fmt in SWEEP_COLUMNS) + " |" for r in rows]
+    print("\n" + "\n".join(lines))
+    best = {ms: max(r["speedup"] for r in rows if r["sim_ms"] == ms and r["way"] == "ours") for ms in costs}
+    print("rl_step rollouts: " + " ".join(f"sim_ms={ms:g}:rollout_speedup={v:.2f}" for ms, v in best.items()),
+          flush=True)
+
+
 def update_alone(trainer) -> float:
     """Seconds of `Actor.update` on the last step's samples, micro-batches built beforehand (nothing else timed)."""
     from vla_scale.algo import group_advantages
@@ -303,6 +362,11 @@ def main() -> None:
           f"{cfg.algo.batch_size * cfg.algo.group_size} max_steps={cfg.env.max_steps} sim procs={procs} "
           f"stages={cfg.env.rollout.pipeline_stage_num} physics substeps/env step={substeps} (--sim-ms {args.sim_ms}) "
           f"matmul {rate / 1e12:.1f} TFLOP/s; decode warm-up (compile) {warm_s:.1f}s", flush=True)
+    if args.rollout_sweep is not None:
+        rollout_sweep(trainer, cfg, args.rollout_sweep or [0.0], args.stages)
+        trainer.close()
+        sys.stdout.flush()
+        os._exit(0)
     for _ in range(args.warmup_steps):
         m = timed_step(trainer, "warm-up")
         print(f"warm-up step {m['step_s']:.1f}s (sync {m['time/sync_s']:.1f}s, update {m['time/update_s']:.1f}s)",

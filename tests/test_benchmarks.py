@@ -22,3 +22,16 @@ def test_rl_step_dry_run_prints_both_ways_and_the_last_line():
     rows = [line for line in lines if line.startswith(("| ours |", "| anchors |"))]
     assert {row.split("|")[1].strip() for row in rows} == {"ours", "anchors"}
     assert "update alone on the last step's" in proc.stdout
+
+
+def test_rl_step_rollout_sweep_dry_run_prints_every_cost_and_way():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rl_step.py"), "--model", "tiny", "--dry-run",
+                           "--rollout-sweep", "0", "1"],
+                          cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert re.fullmatch(r"rl_step rollouts: sim_ms=0:rollout_speedup=\d+\.\d\d sim_ms=1:rollout_speedup=\d+\.\d\d",
+                        lines[-1]), lines[-1]
+    rows = [line.split("|")[1:5] for line in lines if re.match(r"\| [01] \|", line)]
+    assert [(r[0].strip(), r[2].strip(), r[3].strip()) for r in rows] == [
+        (ms, way, s) for ms in "01" for way, s in (("ours", "1"), ("ours", "2"), ("anchors", "1"))]
