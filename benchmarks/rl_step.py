@@ -14,7 +14,8 @@ device, the embedded reach task's simulators in their processes, rendering throu
   micro-batches of 8, no reset during the update, and after the update SimpleVLA-RL's extra no-gradient forward
   over every sample for its entropy metric (its trainer's `compute_entropy`, micro-batches of one trajectory: 64
   chunk steps; ours reads the entropy off the update's own logits). The update, the recompute and the sync are the
-  same code in both (both recompute old log-probs before one optimizer step per RL step, as SimpleVLA-RL does).
+  same code in both (both recompute old log-probs first, as SimpleVLA-RL does; one optimizer step per RL step in both,
+  where its recipe, configs/oft_libero.yaml, takes four).
 
 `--sim-ms` gives the reach task's simulators real physics work (`env.reach.physics_substeps`, calibrated here to that
 many CPU ms per env step) so that simulation costs what LIBERO's does: 26 ms of CPU per env step outside rendering,
