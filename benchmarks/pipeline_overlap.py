@@ -27,6 +27,7 @@ import os
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+import psutil  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 
@@ -86,7 +87,8 @@ def pin_fleet(fleet: SimFleet, worker_core: str) -> None:
     if fleet.in_process:
         pin([tid for tid in threads(os.getpid()) if tid != os.getpid()], EVERY_CORE)  # all but the decoding thread
     elif worker_core != "any":
-        pin(fleet.worker_pids(), {SIM_CORE if worker_core == "sim" else DECODE_CORE})
+        actors = {psutil.Process(pid).ppid() for pid in fleet.pids()}  # the simulators' parents
+        pin(sorted(actors), {SIM_CORE if worker_core == "sim" else DECODE_CORE})
 
 
 def env_kwargs(args: argparse.Namespace, endless: bool = False) -> dict:

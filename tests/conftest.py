@@ -87,3 +87,27 @@ def saved_run(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("saved_run")
     train_ok("steps=3", "eval_every=10", "save_every=1", f"run_dir={run}")
     return run
+
+
+def read_scalars(tb_dir: str) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series in a TensorBoard directory, as {tag: [(step, value), ...]} sorted by step."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    acc = EventAccumulator(tb_dir, size_guidance={SCALARS: 0})
+    acc.Reload()
+    return {tag: sorted((e.step, e.value) for e in acc.Scalars(tag)) for tag in acc.Tags()["scalars"]}
+
+
+def read_text_tags(tb_dir: str) -> dict[str, list[tuple[int, str]]]:
+    """Every text series in a TensorBoard directory, as {tag: [(step, text), ...]} sorted by step."""
+    from tensorboard.backend.event_processing.event_accumulator import TENSORS, EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    acc = EventAccumulator(tb_dir, size_guidance={TENSORS: 0})
+    acc.Reload()
+    out = {}
+    for tag in acc.Tags()["tensors"]:
+        if tag.endswith("/text_summary"):
+            texts = [(e.step, make_ndarray(e.tensor_proto).item().decode()) for e in acc.Tensors(tag)]
+            out[tag.removesuffix("/text_summary")] = sorted(texts)
+    return out

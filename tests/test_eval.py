@@ -10,9 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_script
-
-from vla_scale.run_log import read_scalars
+from conftest import read_scalars, run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.vision_dim=32",

@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, script_env, train_ok
-
-from vla_scale.run_log import read_scalars, read_text_tags
+from conftest import TINY, read_scalars, read_text_tags, script_env, train_ok
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,9 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import run_script
-
-from vla_scale.run_log import read_scalars
+from conftest import read_scalars, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = Path(os.environ.get("VLA_SCALE_LIBERO_FIXTURE", ROOT.parent / "shared" / "fixtures"

@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from vla_scale.run_log import read_scalars
+from conftest import read_scalars
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [

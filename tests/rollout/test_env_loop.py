@@ -3,7 +3,10 @@
 Every test runs for both placements of the sim workers: inside this process ("trainer") and as Ray actors ("actor").
 """
 
+import os
+
 import numpy as np
+import psutil
 import pytest
 import ray
 import torch
@@ -44,7 +47,8 @@ def test_fleet_places_simulators_on_distinct_processes(setup):
     fleet, _, _ = setup
     pids = fleet.pids()
     assert len(pids) == 4 and len(set(pids)) == 4
-    assert not set(pids) & set(fleet.worker_pids())
+    parents = {psutil.Process(pid).ppid() for pid in pids}  # the processes of the sim workers
+    assert parents == {os.getpid()} if fleet.in_process else len(parents) == 2 and os.getpid() not in parents
 
 
 def test_fleet_answers_in_episode_order(setup):

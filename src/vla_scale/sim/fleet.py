@@ -28,7 +28,6 @@ naming the worker, process and tasks. Neither this module nor the sim workers im
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -196,9 +195,6 @@ class SimWorker:
     def pids(self) -> list[int]:
         return [proc.pid for proc in self.procs]
 
-    def own_pid(self) -> int:
-        return os.getpid()
-
     def close(self) -> None:
         with self.lock:
             self.closed = True
@@ -354,10 +350,6 @@ class SimFleet:
     def pids(self) -> list[int]:
         """Process ids of the simulator processes."""
         return [pid for part in self.workers.each("pids") for pid in part]
-
-    def worker_pids(self) -> list[int]:
-        """Process ids of the sim workers: the actors' own, or this process's for workers running in it."""
-        return self.workers.each("own_pid")
 
     def close(self) -> None:
         try:

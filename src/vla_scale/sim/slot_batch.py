@@ -62,26 +62,6 @@ class SlotBatch:
             infos=[s.info for s in steps],
         )
 
-    @staticmethod
-    def concat(kind: str, parts: list[SlotBatch]) -> SlotBatch:
-        """Join the batches of consecutive slot ranges (part i's slots follow part i-1's)."""
-        offsets = np.cumsum([0] + [p.size for p in parts[:-1]])
-        full = [p for p in parts if len(p.index)]
-        cameras = list(full[0].images) if full else []
-        return SlotBatch(
-            kind=kind,
-            size=sum(p.size for p in parts),
-            index=np.concatenate([p.index + off for p, off in zip(parts, offsets, strict=True)]).astype(np.int64),
-            images={c: np.concatenate([p.images[c] for p in full]) for c in cameras},
-            proprio=np.concatenate([p.proprio for p in full]) if full else np.zeros((0, 0), np.float32),
-            instructions=[s for p in parts for s in p.instructions],
-            reward=np.concatenate([p.reward for p in parts]),
-            done=np.concatenate([p.done for p in parts]),
-            success=np.concatenate([p.success for p in parts]),
-            steps_taken=np.concatenate([p.steps_taken for p in parts]),
-            infos=[i for p in parts for i in p.infos],
-        )
-
     def unpack(self) -> list[Observation | ChunkStep | None]:
         """One record per slot; images are views into the packed arrays."""
         out: list[Observation | ChunkStep | None] = [None] * self.size
