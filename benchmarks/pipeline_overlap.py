@@ -38,7 +38,7 @@ from vla_scale.models import PretrainedVLA  # noqa: E402
 from vla_scale.rollout.engine import RolloutEngine  # noqa: E402
 from vla_scale.rollout.env_loop import EnvLoop  # noqa: E402
 from vla_scale.sim.cluster import start_ray  # noqa: E402
-from vla_scale.sim.fleet import SimFleet  # noqa: E402
+from vla_scale.sim.fleet import LocalWorkers, SimFleet  # noqa: E402
 
 DECODE_CORE, SIM_CORE = 0, 1
 EVERY_CORE = os.sched_getaffinity(0)
@@ -84,7 +84,7 @@ def pin_fleet(fleet: SimFleet, worker_core: str) -> None:
     that the decoding thread started, inherited core 0 from it and is let run on either core here (call this once
     the fleet has answered, so that the simulators' renderer threads and the receiving threads exist)."""
     pin([tid for pid in fleet.pids() for tid in threads(pid)], {SIM_CORE})
-    if fleet.in_process:
+    if isinstance(fleet.workers, LocalWorkers):
         pin([tid for tid in threads(os.getpid()) if tid != os.getpid()], EVERY_CORE)  # all but the decoding thread
     elif worker_core != "any":
         actors = {psutil.Process(pid).ppid() for pid in fleet.pids()}  # the simulators' parents

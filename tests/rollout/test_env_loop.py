@@ -18,7 +18,7 @@ from vla_scale.models import PretrainedVLA
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop
 from vla_scale.sim.cluster import start_ray
-from vla_scale.sim.fleet import SimFleet
+from vla_scale.sim.fleet import LocalWorkers, SimFleet
 
 CFG = ModelConfig(image_size=32, patch_size=16, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
                   intermediate_size=64, chunk_len=4)
@@ -48,7 +48,10 @@ def test_fleet_places_simulators_on_distinct_processes(setup):
     pids = fleet.pids()
     assert len(pids) == 4 and len(set(pids)) == 4
     parents = {psutil.Process(pid).ppid() for pid in pids}  # the processes of the sim workers
-    assert parents == {os.getpid()} if fleet.in_process else len(parents) == 2 and os.getpid() not in parents
+    if isinstance(fleet.workers, LocalWorkers):
+        assert parents == {os.getpid()}
+    else:
+        assert len(parents) == 2 and os.getpid() not in parents
 
 
 def test_fleet_answers_in_episode_order(setup):

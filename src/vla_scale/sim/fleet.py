@@ -302,11 +302,6 @@ class SimFleet:
                         for _ in range(num_workers)]
         self.stats = FleetStats()
 
-    @property
-    def in_process(self) -> bool:
-        """Whether the sim workers run inside this process."""
-        return isinstance(self.workers, LocalWorkers)
-
     def slot_stages(self) -> np.ndarray:
         """Stage of every fleet slot."""
         per_stage = self.slots // self.stages
