@@ -119,6 +119,7 @@ class ColocatedMemory:
         self.actor, self.engine, self.ds = actor, engine, ds
 
     def for_update(self) -> None:
+        """Before an update: the engine's weights leave the GPU and the actor's optimizer state comes back."""
         if self.ds.release_engine_during_update:
             self.engine.release_memory_occupation()
         self.actor.reload_states()
