@@ -3,9 +3,10 @@
 Times, on one core, each step that turns a rendered 256 px LIBERO frame into the 224 px image the towers see
 (`vla_scale.envs.official_images`): the JPEG round trip, the Lanczos-3 resize, the centre crop, all three as
 `ImagePrep` does them in a simulator process (one image per call, as there), and the per-tower normalisation the
-trainer still does (one batch per call). Images are random (JPEG cost depends a little on content); the median of
-`--repeats` rounds of `--batch` images is kept.
-Prints a table, then `official_images: prep_ms=<x> normalize_ms=<y>` (per image).
+trainer still does (one batch per call): on the host, and with a GPU also where the policy runs (the uint8 images
+copied there and looked up in the same table, checked bit for bit against the host's). Images are random (JPEG cost
+depends a little on content); the median of `--repeats` rounds of `--batch` images is kept.
+Prints a table, then `official_images: prep_ms=<x> normalize_ms=<y>` (per image; `normalize_gpu_ms=<z>` with a GPU).
 """
 
 from __future__ import annotations
@@ -60,11 +61,24 @@ def main() -> None:
         ("normalisation for two towers (trainer)", per_image_ms(
             lambda x: transform.normalize(x[:, None]), resized, args.repeats)),
     ]
+    last = f"official_images: prep_ms={rows[3][1]:.2f} normalize_ms={rows[4][1]:.2f}"
+    if torch.cuda.is_available():
+        batch = resized[:, None]
+        same = torch.equal(transform.normalize(batch, "cuda").cpu(), transform.normalize(batch))
+
+        def on_gpu(x: np.ndarray) -> None:
+            transform.normalize(x, "cuda")
+            torch.cuda.synchronize()
+
+        on_gpu(batch)
+        rows.append((f"the same on the GPU (uint8 copied there; bitwise equal: {same})",
+                     per_image_ms(on_gpu, batch, args.repeats)))
+        last += f" normalize_gpu_ms={rows[5][1]:.3f}"
     width = max(len(name) for name, _ in rows)
     print(f"{'step':<{width}}  ms per image")
     for name, ms in rows:
         print(f"{name:<{width}}  {ms:11.2f}")
-    print(f"official_images: prep_ms={rows[3][1]:.2f} normalize_ms={rows[4][1]:.2f}")
+    print(last)
 
 
 if __name__ == "__main__":

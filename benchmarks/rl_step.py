@@ -129,6 +129,7 @@ class MicroBatchedPlainDecode:
 
     def __init__(self, engine: RolloutEngine, micro_batch: int = ANCHOR_MICRO_BATCH):
         self.engine, self.micro_batch = engine, micro_batch
+        self.device = engine.device
 
     def decode(self, batch: PolicyInputs, temperature: float, greedy: bool = False) -> Decoded:
         parts = []

@@ -1,6 +1,7 @@
 """Image preprocessing: per-tower normalisation, several cameras, resize, the 0.9-area centre crop."""
 
 import numpy as np
+import pytest
 import torch
 
 from vla_scale.config import ModelConfig
@@ -55,3 +56,25 @@ def test_centre_crop_keeps_the_centre_box_of_the_area():
     assert out.shape == (1, w, w, 3) and out.dtype == np.uint8
     flat = np.full((1, w, w, 3), 200, dtype=np.uint8)
     np.testing.assert_array_equal(centre_crop(flat, 0.9), flat)
+
+
+def _normalised_both_ways(device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    transform = ImageTransform(24, (IMAGENET[0], (0.5, 0.5, 0.5)), (IMAGENET[1], (0.5, 0.5, 0.5)))
+    images = np.random.default_rng(3).integers(0, 256, (3, 2, 24, 24, 3), dtype=np.uint8)  # every level, 2 cameras
+    on_host = transform.normalize(images)
+    there = transform._normalize_on(images, torch.device(device)) if device == "cpu" else transform.normalize(
+        images, device)
+    return on_host, there.cpu()
+
+
+def test_normalising_where_the_policy_runs_gives_the_hosts_values_bit_for_bit():
+    on_host, there = _normalised_both_ways("cpu")  # the device path's operations, run on the CPU
+    assert there.shape == on_host.shape == (3, 12, 24, 24) and there.dtype == torch.float32
+    assert torch.equal(there, on_host)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_normalising_on_the_gpu_gives_the_hosts_values_bit_for_bit():
+    on_host, there = _normalised_both_ways("cuda")
+    assert torch.equal(there, on_host)

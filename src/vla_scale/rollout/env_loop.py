@@ -185,7 +185,7 @@ class EnvLoop:
         t0 = time.perf_counter()
         batch = [observations[i] for i in todo]
         images, proprio = self.processor.prepare(batch, self.images_prepared)
-        inputs = self.processor.from_prepared(images, [o.instruction for o in batch], proprio)
+        inputs = self.processor.from_prepared(images, [o.instruction for o in batch], proprio, self.engine.device)
         decoded = self.engine.decode(inputs, temperature, greedy)
         self.stats.decode_s += time.perf_counter() - t0
         actions = self.vla.env_actions(decoded.actions)
