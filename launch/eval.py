@@ -137,7 +137,7 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     from vla_scale.envs.types import TaskSpec
     from vla_scale.models import PretrainedVLA
     from vla_scale.rollout.engine import RolloutEngine
-    from vla_scale.rollout.env_loop import EnvLoop
+    from vla_scale.rollout.env_loop import EnvLoop, success_metrics
     from vla_scale.rollout.stack import max_chunks, start_fleet, start_ray_for
     from vla_scale.run_log import RunLogger, progress
     from vla_scale.trainer import resolved_config
@@ -180,8 +180,7 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     rows = success_table(e.suite, instructions, results)
     csv_path, md_path = write_tables(run_dir, e.suite, rows)
     rate = float(rows[-1][-1])
-    log.scalars({"eval/success_rate": rate, **{f"eval/task_{t}_success_rate": float(np.mean(r))
-                                               for t, r in results.items()}}, 0)
+    log.scalars(success_metrics([(t.task, t.success) for t in trajs], e.num_tasks), 0)
     videos = log.episode_videos(trajs, e.eval_videos_per_task or 1, 0, os.path.join(run_dir, "videos"))
     log.close()
     width = max(len(row[1]) for row in rows)

@@ -37,7 +37,7 @@ from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
 from vla_scale.models.policy import PolicyInputs
 from vla_scale.rollout.engine import RolloutEngine
-from vla_scale.rollout.env_loop import EnvLoop, LoopStats, Trajectory
+from vla_scale.rollout.env_loop import EnvLoop, LoopStats, Trajectory, success_metrics
 from vla_scale.rollout.sampler import TaskSampler
 from vla_scale.rollout.stack import max_chunks, start_fleet, start_ray_for
 from vla_scale.run_log import RunLogger, progress
@@ -424,10 +424,7 @@ class Trainer:
             outcomes = [item for part in parts for item in part]
         else:
             outcomes = [(t.task, t.success) for t in trajs]
-        metrics = {"eval/success_rate": float(np.mean([ok for _, ok in outcomes]))}
-        for task in range(self.cfg.env.num_tasks):
-            mine = [ok for spec, ok in outcomes if spec.task_id == task]
-            metrics[f"eval/task_{task}_success_rate"] = float(np.mean(mine))
+        metrics = success_metrics(outcomes, self.cfg.env.num_tasks)
         self.log.scalars(metrics, self.step)
         videos = os.path.join(self.run_dir, "videos", f"step_{self.step}")
         self.log.episode_videos(trajs, self.cfg.env.eval_videos_per_task, self.step, videos)

@@ -110,3 +110,11 @@ def test_each_chunk_records_how_many_of_its_actions_ran(ray_session):
             assert t.executed == [4, 4, 2]
             mask = executed_action_mask(torch.tensor(t.executed), CFG.chunk_len, CFG.action_dim)
             assert mask.sum(dim=1).tolist() == [28, 28, 14]
+
+
+def test_success_metrics_give_the_rate_and_each_tasks_rate_under_the_logged_names():
+    from vla_scale.rollout.env_loop import success_metrics
+
+    outcomes = [(TaskSpec("reach", 0, 1), True), (TaskSpec("reach", 0, 2), False), (TaskSpec("reach", 1, 1), True)]
+    assert success_metrics(outcomes, 2) == {"eval/success_rate": 2 / 3, "eval/task_0_success_rate": 0.5,
+                                            "eval/task_1_success_rate": 1.0}

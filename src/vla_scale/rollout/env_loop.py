@@ -86,6 +86,16 @@ class LoopStats:
         }
 
 
+def success_metrics(outcomes: list[tuple[TaskSpec, bool]], num_tasks: int) -> dict[str, float]:
+    """`eval/success_rate` over (task, success) outcomes and `eval/task_<k>_success_rate` for tasks 0..num_tasks-1:
+    what the trainer's evaluation and launch/eval.py log, under the same names."""
+    metrics = {"eval/success_rate": float(np.mean([ok for _, ok in outcomes]))}
+    for task in range(num_tasks):
+        mine = [ok for spec, ok in outcomes if spec.task_id == task]
+        metrics[f"eval/task_{task}_success_rate"] = float(np.mean(mine))
+    return metrics
+
+
 class EnvLoop:
     """`vla` supplies the inputs (its processor) and the env's action post-processing; `engine` decodes. When the
     fleet's simulators were built with `image_prep` (`PretrainedVLA.simulator_kwargs`), their images arrive as the
