@@ -48,12 +48,15 @@ from vla_scale.config import (  # noqa: E402
     ConfigError,
     ModelConfig,
     init_state_ids,
+    moved_key_problems,
     register_configs,
     to_config,
     validate,
 )
 
 register_configs()
+if moved := moved_key_problems(sys.argv[1:]):  # before Hydra, which would only call the key unknown
+    sys.exit("error: invalid configuration:\n  - " + "\n  - ".join(moved))
 
 
 def weights_file(path: str) -> str:

@@ -403,6 +403,26 @@ UPPER: dict[str, tuple[float, bool]] = {"algo.clip_low": (1.0, False), "algo.fil
 """Keys that must also stay below a limit: (limit, limit allowed); a clip_low of 1 would make the ratio floor 0."""
 
 
+MOVED_KEYS = {"env.max_delta": "env.reach.max_delta", "env.reach_physics_substeps": "env.reach.physics_substeps",
+              "env.settle_steps": "env.libero.settle_steps", "env.libero_assets": "env.libero.assets",
+              "env.libero_texture_max_side": "env.libero.texture_max_side", "env.libero_scenes": "env.libero.scenes"}
+"""Keys that moved into their simulator's own group, by their former names."""
+
+
+def moved_key_problems(overrides: list[str]) -> list[str]:
+    """Command-line overrides that name a key by a former name, each with the name it has now; Hydra itself would
+    only say that the key is unknown."""
+    problems = []
+    for arg in overrides:
+        key, _, value = arg.lstrip("+~").partition("=")
+        if key in MOVED_KEYS:
+            problems.append(f"{key} is now {MOVED_KEYS[key]}: write {MOVED_KEYS[key]}={value}")
+        elif key.startswith("trainer."):
+            problems.append(f"{key}: the trainer group (trainer.nnodes, trainer.n_rollout_gpus_per_node, "
+                            "trainer.n_env_gpus_per_node) was never read and is gone; drop it")
+    return problems
+
+
 def value_at(cfg: Any, key: str) -> Any:
     """`cfg`'s value under a dotted key (`env.rollout.pipeline_stage_num`)."""
     for part in key.split("."):
