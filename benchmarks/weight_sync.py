@@ -7,7 +7,7 @@ floor, colocated memory, and (on GPUs) the actor's training-step MFU.
 
 Random weights. Every rank holds a ZeRO-3 shard of the actor (built under `zero.Init`) and a full rollout engine on
 its own device; one sync gathers the actor's parameters bucket by bucket (collectives over all ranks), copies each
-bucket into the engine and proves the result by checksums (`parallel/weight_sync.py`). Printed by rank 0:
+bucket into the engine and proves the result by checksums (`sync/weight_sync.py`). Printed by rank 0:
 
 1. the floor: all-gather bandwidth and device copy bandwidth measured here, and the time to all-gather every
    parameter once and copy it into the engine at those rates;

@@ -48,15 +48,15 @@ from vla_scale.config import (  # noqa: E402
     ConfigError,
     ModelConfig,
     init_state_ids,
-    moved_key_problems,
+    moved_key_error,
     register_configs,
     to_config,
     validate,
 )
 
 register_configs()
-if moved := moved_key_problems(sys.argv[1:]):  # before Hydra, which would only call the key unknown
-    sys.exit("error: invalid configuration:\n  - " + "\n  - ".join(moved))
+if moved := moved_key_error(sys.argv[1:]):
+    sys.exit(moved)
 
 
 def weights_file(path: str) -> str:

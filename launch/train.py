@@ -62,11 +62,11 @@ sys.argv = _keep_run_record(_shared_run_dir(_strip_local_rank(sys.argv)))
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
-from vla_scale.config import ConfigError, moved_key_problems, register_configs, to_config, validate  # noqa: E402
+from vla_scale.config import ConfigError, moved_key_error, register_configs, to_config, validate  # noqa: E402
 
 register_configs()
-if moved := moved_key_problems(sys.argv[1:]):  # before Hydra, which would only call the key unknown
-    sys.exit("error: invalid configuration:\n  - " + "\n  - ".join(moved))
+if moved := moved_key_error(sys.argv[1:]):
+    sys.exit(moved)
 
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")

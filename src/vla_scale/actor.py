@@ -2,7 +2,7 @@
 
 Under `python launch/train.py` this is a world of one process (gloo on CPU); under `deepspeed`/`torchrun` every rank
 holds its ZeRO shard. With ZeRO-3 the policy is built under `deepspeed.zero.Init`, so no rank materialises the
-whole model; weight sync and checkpoints gather parameters explicitly (`parallel/weight_sync.py`).
+whole model; weight sync and checkpoints gather parameters explicitly (`sync/weight_sync.py`).
 """
 
 from __future__ import annotations

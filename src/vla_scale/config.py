@@ -409,6 +409,13 @@ MOVED_KEYS = {"env.max_delta": "env.reach.max_delta", "env.reach_physics_substep
 """Keys that moved into their simulator's own group, by their former names."""
 
 
+def moved_key_error(overrides: list[str]) -> str | None:
+    """The entry scripts' error for overrides that use former key names (checked before Hydra, which would only
+    call such a key unknown), or None."""
+    problems = moved_key_problems(overrides)
+    return "error: invalid configuration:\n  - " + "\n  - ".join(problems) if problems else None
+
+
 def moved_key_problems(overrides: list[str]) -> list[str]:
     """Command-line overrides that name a key by a former name, each with the name it has now; Hydra itself would
     only say that the key is unknown."""

@@ -389,8 +389,8 @@ class Trainer:
     def _inputs_and_tokens(self, rows: list[tuple[Trajectory, int, float, int]]) -> tuple[PolicyInputs, torch.Tensor]:
         images = np.stack([t.images[k] for t, k, _, _ in rows])
         proprio = np.stack([t.proprio[k] for t, k, _, _ in rows])
-        inputs: PolicyInputs = self.processor.from_prepared(images, [t.instruction for t, *_ in rows], proprio,
-                                                            self.actor.device)
+        # on the host: an update builds all its micro-batches before the first runs, and each moves when it runs
+        inputs: PolicyInputs = self.processor.from_prepared(images, [t.instruction for t, *_ in rows], proprio)
         return inputs, torch.from_numpy(np.stack([t.tokens[k] for t, k, _, _ in rows]))
 
     def _micro_batch(self, mb: MiniBatch, part: np.ndarray):

@@ -134,7 +134,10 @@ class ImageTransform:
 
     def _normalize_on(self, images: np.ndarray, device: torch.device) -> Tensor:
         batch, n, h, w, _ = images.shape
-        table = torch.from_numpy(self._table()).to(device)
+        key = (self.means, self.stds, str(device))
+        table = _DEVICE_TABLES.get(key)
+        if table is None:
+            table = _DEVICE_TABLES[key] = torch.from_numpy(self._table()).to(device)
         channels = torch.from_numpy(np.ascontiguousarray(images)).to(device).reshape(batch * n, h, w, 3)
         channels = channels.permute(0, 3, 1, 2).long()
         pixels = torch.stack([table[k][channels[:, k % 3]] for k in range(table.shape[0])], dim=1)
@@ -170,6 +173,7 @@ class ImageTransform:
 
 
 _TABLES: dict[tuple, np.ndarray] = {}
+_DEVICE_TABLES: dict[tuple, Tensor] = {}  # the same tables, copied to a device once
 
 
 def _column(values: tuple[float, ...]) -> Tensor:

@@ -41,6 +41,7 @@ from vla_scale.models.vision import ViT, quick_gelu
 from vla_scale.sync.spans import span
 
 Weights = tuple[Tensor | None, ...]
+Groups = tuple[tuple[int, int], ...]  # (rows, positions per row) for each run of equal-length rows, in packed order
 
 
 class LlamaWeights(NamedTuple):
@@ -65,7 +66,6 @@ class LlamaWeights(NamedTuple):
     qkv: Tensor | None  # q, k and v weights as one matrix (a view), when they lie end to end without biases
     gate_up: Tensor | None  # gate and up weights as one matrix, likewise
 
-Groups = tuple[tuple[int, int], ...]  # (rows, positions per row) for each run of equal-length rows, in packed order
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

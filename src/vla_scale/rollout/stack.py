@@ -19,10 +19,11 @@ def start_fleet(env: EnvConfig, vla: PretrainedVLA, size: int) -> SimFleet:
     """`size` simulators of `env`, built with what `vla` needs from them (`PretrainedVLA.simulator_kwargs`), placed
     as `env` says; in disaggregated mode the simulation nodes must be there first."""
     disagg = env.disagg_sim
-    if disagg.enable and sim_node_count() < disagg.nnodes:
+    found = sim_node_count() if disagg.enable else 0
+    if disagg.enable and found < disagg.nnodes:
         raise RuntimeError(
             f"env.disagg_sim.enable=true expects {disagg.nnodes} simulation node(s) offering the 'sim' resource, "
-            f"the Ray cluster has {sim_node_count()}: start them with `ray start --address=<head>:6379 "
+            f"the Ray cluster has {found}: start them with `ray start --address=<head>:6379 "
             "--resources='{\"sim\": 1}'` or lower env.disagg_sim.nnodes"
         )
     return SimFleet(env.name, vla.simulator_kwargs(env), size, env.num_workers, env.sims_per_worker,

@@ -15,10 +15,9 @@ the trainer's process (`LocalWorkers`): a send writes to the simulators' pipes i
 runs on the worker's own background thread, so a stage hand-over is a pipe write and read with no Ray call (such a
 fleet makes none at all; a send waits only while its worker replaces a failed process). Otherwise (disaggregated
 mode, or `in_process=False`) they are Ray actors (`RayWorkers`) whose sends and receives are two concurrency groups
-of one thread each. Camera images travel
-from a simulator process's shared memory to whoever reads them: a worker on the trainer's machine passes on only
-where they are and the fleet copies them out itself; a worker on another node (disaggregated mode) copies them into
-its reply.
+of one thread each. Camera images travel from a simulator process's shared memory to whoever reads them: a worker
+on the trainer's machine passes on only where they are and the fleet copies them out itself; a worker on another
+node (disaggregated mode) copies them into its reply.
 
 Faults: a process that dies, misses its deadline or raises is closed and replaced; its running episodes are reset
 to their initial states and reported as `Restarted` (the env loop starts them again), also for slots the trainer
