@@ -46,7 +46,6 @@ from vla_scale.models.policy import FusedRMSNorm
 from vla_scale.models.processor import PolicyInputs
 from vla_scale.models.vision import ViT
 from vla_scale.rollout.engine import RolloutEngine
-from vla_scale.rollout.fast_forward import trim_text
 
 TEXTS = ["pick up the black bowl and place it on the plate", "open the top drawer", "put the cream cheese in the bowl"]
 TEMPERATURE = 1.6
@@ -150,7 +149,7 @@ def decode_flops(policy: OFTPolicy, seq: int) -> dict[str, int]:
 
 def sequence_length(policy: OFTPolicy, batch: PolicyInputs, trimmed: bool = True) -> int:
     """Positions the Llama backbone runs: BOS, patches, proprio, the rest of the prompt columns, slots, stop."""
-    text = trim_text(batch.input_ids, batch.attention_mask)[1].shape[1] if trimmed else batch.input_ids.shape[1]
+    text = (batch.trimmed() if trimmed else batch).input_ids.shape[1]
     proprio = int(policy.proprio_projector is not None)
     return policy.vision_backbone.patches_per_image + proprio + text + policy.num_action_tokens + 1
 
@@ -395,8 +394,7 @@ def main() -> None:
     report["rows"] = rows
 
     x8 = make_inputs(processor, cfg, 8, seed=8)
-    ids, mask = trim_text(x8.input_ids, x8.attention_mask)
-    x8_trim = PolicyInputs(x8.pixel_values, ids, mask, x8.proprio)
+    x8_trim = x8.trimmed()
     before = set_attention(policy, "eager")
     with transformers_norms(policy):
         t_eager = median_seconds(lambda: plain.decode(x8_trim, TEMPERATURE), args.repeats)

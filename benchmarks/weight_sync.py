@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from vla_scale.actor import Actor, init_distributed
+from vla_scale.actor import Actor, MicroBatch, init_distributed
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.models import PretrainedVLA
 from vla_scale.rollout.engine import RolloutEngine
@@ -233,8 +233,8 @@ def micro_batch(cfg: ModelConfig, vla: PretrainedVLA, batch: int, seed: int):
     tokens = torch.from_numpy(rng.integers(0, cfg.n_bins, (batch, k)))
     advantages = torch.from_numpy(rng.choice([-1.0, 1.0], batch).astype(np.float32))
     mask = torch.ones(batch, k, dtype=torch.bool)
-    return (inputs, tokens, torch.full((batch, k), -np.log(cfg.n_bins), dtype=torch.float32), advantages, mask,
-            mask.float() / mask.numel())
+    return MicroBatch(inputs, tokens, torch.full((batch, k), -np.log(cfg.n_bins), dtype=torch.float32), advantages,
+                      mask, mask.float() / mask.numel())
 
 
 def matmul_rate(device: torch.device) -> float:
@@ -248,7 +248,7 @@ def mfu(actor: Actor, engine: RolloutEngine, cfg: ModelConfig, vla: PretrainedVL
 
     mb = micro_batch(cfg, vla, batch, dist.get_rank())
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        engine.policy(mb[0].to(engine.device))
+        engine.policy(mb.inputs.to(engine.device))
     flops = 3 * counter.get_total_flops()  # forward + backward (twice the forward)
     engine.release_memory_occupation()  # colocated: the engine's weights leave while the actor updates
     actor.update([mb])  # warm-up

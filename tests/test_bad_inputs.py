@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from conftest import TINY, run_script, script_env
 
-FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "oft_libero_pipeline" / "checkpoint"
-
 
 def refused(script: str, *args: str, code: int = 1) -> str:
     """Run an entry script that must stop before Ray starts with exit code `code`; its output."""
@@ -77,8 +75,15 @@ def test_bad_configuration_is_refused_before_anything_starts(tmp_path):
 
 
 def test_a_damaged_checkpoint_file_is_named(tmp_path):
+    """A checkpoint folder with LIBERO's 8-D proprio (no fixture needed), its config.json then damaged."""
+    from vla_scale.config import ModelConfig
+    from vla_scale.envs.reach import instructions
+    from vla_scale.models import PretrainedVLA
+
     folder = tmp_path / "checkpoint"
-    shutil.copytree(FIXTURE, folder)
+    small = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
+                        intermediate_size=64, proprio_dim=8)
+    PretrainedVLA.from_config(small, instructions()).save_pretrained(str(folder))
     (folder / "config.json").write_text("{not json")
     out = refused("train", "--config-name", "oft_libero_spatial", f"model.checkpoint={folder}",
                   f"run_dir={tmp_path / 'run'}")

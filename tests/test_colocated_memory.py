@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from vla_scale.actor import Actor, init_distributed
+from vla_scale.actor import Actor, MicroBatch, init_distributed
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer, build_policy
@@ -31,8 +31,8 @@ def _micro_batches(seed: int):
     k = CFG.chunk_len * 7
     tokens = torch.from_numpy(rng.integers(0, 256, (4, k)))
     mask = torch.ones(4, k, dtype=torch.bool)
-    return [(_batch(seed), tokens, torch.full((4, k), -5.5), torch.tensor([1.0, -1.0, 0.5, -0.5]), mask,
-             mask.float() / mask.numel())]
+    return [MicroBatch(_batch(seed), tokens, torch.full((4, k), -5.5), torch.tensor([1.0, -1.0, 0.5, -0.5]), mask,
+                       mask.float() / mask.numel())]
 
 
 def _train(ds: DeepSpeedConfig, offload_between_updates: bool = False) -> tuple[list[dict], str, Actor]:
@@ -42,7 +42,7 @@ def _train(ds: DeepSpeedConfig, offload_between_updates: bool = False) -> tuple[
     stats = []
     for step in range(3):
         actor.reload_states()
-        stats.append(actor.update(_micro_batches(step)))
+        stats.append(actor.update(_micro_batches(step)).metrics)
         if offload_between_updates:
             actor.offload_states()
     full = weights_checksum([(n, t.clone()) for b in gathered_buckets(actor.policy, 1) for n, t in b])
@@ -65,6 +65,47 @@ def test_offloaded_optimizer_states_train_exactly_as_resident_ones(reference):
     masters = list(actor.engine.optimizer.fp32_partitioned_groups_flat)
     assert moments and all(t.data_ptr() in held for t in moments + masters)  # they live in the host buffers now
     assert (stats, full) == reference
+
+
+def test_streamed_optimizer_states_train_exactly_as_resident_ones():
+    """States kept on the host and fetched one sub-group at a time for the step: the same weights bit for bit as with
+    the states resident (the same sub-groups), the states in the host buffers after every step, never all back."""
+    ds = DeepSpeedConfig(zero_stage=3, sub_group_size=20_000)
+    resident_stats, resident, _ = _train(ds)
+    stats, full, actor = _train(DeepSpeedConfig(**{**vars(ds), "stream_optimizer_states": True}))
+    holder = actor._state_holder
+    assert holder is not None and len(holder.masters) > 2  # several sub-groups, each moved on its own
+    held = {t.data_ptr() for t in holder.host.values()}
+    moments = [v for state in holder.inner.state.values() for v in state.values() if torch.is_tensor(v) and v.dim()]
+    assert len(moments) == 2 * len(holder.masters) and all(t.data_ptr() in held for t in moments + holder.masters)
+    actor.reload_states()  # a no-op: streamed states stay on the host
+    assert all(t.data_ptr() in held for t in holder.masters)
+    assert (stats, full) == (resident_stats, resident)
+
+
+def test_streamed_states_save_and_resume_where_they_were(tmp_path):
+    """A checkpoint of streamed states, loaded into a fresh actor, continues as the uninterrupted actor does; the
+    loaded states are back in the host buffers."""
+    ds = DeepSpeedConfig(zero_stage=3, sub_group_size=20_000, stream_optimizer_states=True)
+
+    def new_actor() -> Actor:
+        init_distributed()
+        torch.manual_seed(0)
+        return Actor(lambda zero3: build_policy(CFG, TOK, zero3), ds, AlgoConfig(micro_batches=1))
+
+    first = new_actor()
+    first.update(_micro_batches(0))
+    first.save(str(tmp_path), "step_1", {})
+    first.update(_micro_batches(1))
+    resumed = new_actor()
+    resumed.load(str(tmp_path), "step_1")
+    assert resumed._state_holder is not None
+    held = {t.data_ptr() for t in resumed._state_holder.host.values()}
+    assert all(t.data_ptr() in held for t in resumed._state_holder.masters)
+    resumed.update(_micro_batches(1))
+    checksum = [weights_checksum([(n, t.clone()) for b in gathered_buckets(a.policy, 1) for n, t in b])
+                for a in (first, resumed)]
+    assert checksum[0] == checksum[1]
 
 
 def test_activation_checkpointing_recomputes_and_trains_the_same(reference):

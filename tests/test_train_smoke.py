@@ -30,14 +30,23 @@ def test_two_steps_write_every_promised_scalar(tmp_path):
 
 @pytest.mark.slow
 def test_simplevla_rl_loss_options_train(tmp_path):
-    """Old log-probs recomputed by the actor with truncated IS weights, episodes weighted equally: two steps run and
-    the mismatch is measured over every token (CPU float32: the same function on both sides)."""
-    train_ok("steps=2", "eval_every=10", "save_every=0", "algo.old_logprobs=recompute", "algo.tis_cap=2",
-          "algo.loss_agg=trajectory_mean", f"run_dir={tmp_path}")
-    scalars = read_scalars(str(tmp_path / "tb"))
+    """Old log-probs recomputed by the actor with truncated IS weights, episodes weighted equally, two mini-batches:
+    the mismatch is measured over every token (CPU float32: the same function on both sides), and reading the first
+    mini-batch's old log-probs off its own update forward trains exactly as recomputing them in a pass first."""
+    runs = {}
+    for from_update in ("true", "false"):
+        run = tmp_path / from_update
+        train_ok("steps=2", "eval_every=10", "save_every=0", "algo.old_logprobs=recompute", "algo.tis_cap=2",
+                 "algo.loss_agg=trajectory_mean", "algo.mini_batches=2", f"algo.old_logprobs_from_update={from_update}",
+                 f"run_dir={run}")
+        runs[from_update] = read_scalars(str(run / "tb"))
+    scalars = runs["true"]
     assert [s for s, _ in scalars["train/policy_loss"]] == [1, 2]
     for tag in ("train/mismatch_abs_log_ratio", "train/mismatch_approx_kl", "train/mismatch_outside_clip"):
         assert all(abs(v) < 1e-5 for _, v in scalars[tag]), (tag, scalars[tag])
+    for tag in ("train/policy_loss", "train/grad_norm", "train/entropy", "train/clip_frac", "train/success_rate",
+                "train/mismatch_abs_log_ratio", "eval/success_rate"):
+        assert runs["true"][tag] == runs["false"][tag], tag
 
 
 @pytest.mark.slow

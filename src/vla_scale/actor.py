@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import deepspeed
 import torch
@@ -18,7 +19,7 @@ import torch.distributed as dist
 from deepspeed.utils import set_z3_leaf_modules
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from vla_scale.algo import clipped_policy_loss, logprobs_from_logits, token_entropy
+from vla_scale.algo import clipped_policy_loss, logprobs_from_logits, token_entropy, truncated_is_weights
 from vla_scale.config import AlgoConfig, DeepSpeedConfig
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.models.vision import Block
@@ -54,6 +55,7 @@ def deepspeed_config(ds: DeepSpeedConfig, algo: AlgoConfig) -> dict[str, Any]:
         zero["stage3_param_persistence_threshold"] = ds.param_persistence_threshold
         zero["stage3_prefetch_bucket_size"] = ds.prefetch_bucket_size
         zero["stage3_max_live_parameters"] = ds.max_live_parameters
+        zero["sub_group_size"] = ds.sub_group_size
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": algo.micro_batches,
@@ -67,52 +69,102 @@ def deepspeed_config(ds: DeepSpeedConfig, algo: AlgoConfig) -> dict[str, Any]:
 
 
 class OptimizerStates:
-    """The tensors a ZeRO optimizer keeps beside the working weights: the inner optimizer's state (Adam moments) and
-    the fp32 master partitions it steps. `offload` moves them to (reused, pinned) host buffers; `reload` back."""
+    """The tensors a ZeRO optimizer keeps beside the working weights: per sub-group, the fp32 master partition it
+    steps and that partition's inner-optimizer state (Adam moments). `offload` moves them into (reused, pinned) host
+    buffers, `reload` back to the device, either all of them or only some sub-groups'. `reload` moves whatever it
+    finds off the device, so states that a checkpoint load put anywhere come back too."""
 
     def __init__(self, zero_optimizer: Any, device: torch.device):
         self.inner = zero_optimizer.optimizer  # the torch optimizer over the fp32 partitions
         # ZeRO-3 hands its fp32 partitions to the inner optimizer only for the duration of a step
         self.masters: list[torch.Tensor] = list(getattr(zero_optimizer, "fp32_partitioned_groups_flat", []))
         self.device = device
-        self.host: dict[int, torch.Tensor] = {}
+        self.host: dict[tuple[int, str], torch.Tensor] = {}
 
-    def _tensors(self) -> list[tuple[Any, Any]]:
-        """(holder, key) of every tensor to move: state dict entries and master partitions (by their `.data`)."""
-        found: list[tuple[Any, Any]] = [(master, "data") for master in self.masters]
-        for state in self.inner.state.values():
-            found.extend((state, key) for key, value in state.items() if torch.is_tensor(value) and value.dim())
+    def _tensors(self, groups: list[int] | None) -> list[tuple[tuple[int, str], Any, str]]:
+        """(key, holder, name) of every tensor to move: each master partition (by its `.data`) and its state."""
+        found: list[tuple[tuple[int, str], Any, str]] = []
+        for i in range(len(self.masters)) if groups is None else groups:
+            master = self.masters[i]
+            found.append(((i, "data"), master, "data"))
+            state = self.inner.state.get(master, {})
+            found.extend(((i, key), state, key) for key, value in state.items() if torch.is_tensor(value))
         return found
 
     @staticmethod
-    def _get(holder: Any, key: Any) -> torch.Tensor:
-        return holder.data if key == "data" else holder[key]
+    def _get(holder: Any, name: str) -> torch.Tensor:
+        return holder.data if name == "data" else holder[name]
 
     @staticmethod
-    def _set(holder: Any, key: Any, value: torch.Tensor) -> None:
-        if key == "data":
+    def _set(holder: Any, name: str, value: torch.Tensor) -> None:
+        if name == "data":
             holder.data = value
         else:
-            holder[key] = value
+            holder[name] = value
 
-    def offload(self) -> None:
+    def offload(self, groups: list[int] | None = None, wait: bool = True) -> None:
+        """Copy into the host buffers (scalars such as Adam's step count stay). Without `wait` the copies are only
+        queued: the stream orders them before anything that reuses the freed device memory or reloads them."""
         pin = self.device.type == "cuda"
-        for i, (holder, key) in enumerate(self._tensors()):
-            tensor = self._get(holder, key)
-            host = self.host.get(i)
+        for key, holder, name in self._tensors(groups):
+            tensor = self._get(holder, name)
+            host = self.host.get(key)
+            if not tensor.dim() or host is tensor:
+                continue
             if host is None or host.shape != tensor.shape or host.dtype != tensor.dtype:
-                host = self.host[i] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
+                host = self.host[key] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
             host.copy_(tensor, non_blocking=pin)
-            self._set(holder, key, host)
-        if pin:
+            self._set(holder, name, host)
+        if pin and wait:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
-    def reload(self) -> None:
-        for i, (holder, key) in enumerate(self._tensors()):
-            self._set(holder, key, self.host[i].to(self.device, non_blocking=True))
-        if self.device.type == "cuda":
+    def reload(self, groups: list[int] | None = None, wait: bool = True) -> None:
+        for _, holder, name in self._tensors(groups):
+            tensor = self._get(holder, name)
+            if tensor.device != self.device:
+                self._set(holder, name, tensor.to(self.device, non_blocking=True))
+        if self.device.type == "cuda" and wait:
             torch.cuda.synchronize()
+
+
+def stream_states_through_step(zero_optimizer: Any, states: OptimizerStates) -> None:
+    """Make a ZeRO-3 optimizer's step fetch each sub-group's master partition and moments from the host just before
+    it steps that sub-group, and send them back right after: the step then needs one sub-group's states on the GPU
+    at a time. The copies are queued on the compute stream, in order, so no step reads a state before it arrives."""
+    prepare, release = zero_optimizer._prepare_sub_group, zero_optimizer._release_sub_group
+
+    def prepare_with_states(sub_group: int, timers: Any) -> None:
+        states.reload([sub_group], wait=False)
+        prepare(sub_group, timers)
+
+    def release_with_states(sub_group: int, timers: Any) -> None:
+        release(sub_group, timers)
+        states.offload([sub_group], wait=False)
+
+    zero_optimizer._prepare_sub_group = prepare_with_states
+    zero_optimizer._release_sub_group = release_with_states
+
+
+class MicroBatch(NamedTuple):
+    """One forward/backward of an update: inputs, sampled tokens, old log-probs (the rollout's, or recomputed),
+    advantages, the mask of the tokens that enter the loss and their weights (`algo.token_weights`)."""
+
+    inputs: PolicyInputs
+    tokens: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    weights: torch.Tensor
+
+
+@dataclass
+class UpdateStats:
+    """An update's metrics (token-weighted over its micro-batches) and, when the old log-probs came from the update's
+    own forward, those log-probs per micro-batch (float32, host), for the rollout <-> actor mismatch."""
+
+    metrics: dict[str, float]
+    forward_logprobs: list[torch.Tensor] = field(default_factory=list)
 
 
 class Actor:
@@ -141,8 +193,14 @@ class Actor:
                                       fused=fused or None)
         self.engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=self.ds_config)
         self.zero_stage = ds.zero_stage
+        self.trim = ds.trim_prompt_padding
         self.states_offloaded = False
         self._state_holder: OptimizerStates | None = None  # built on the first offload (ZeRO-3 only)
+        self.streams_states = ds.stream_optimizer_states
+        if self.streams_states:  # the states leave the GPU now and only visit it, a sub-group at a time, to step
+            self.offload_states()
+            assert self._state_holder is not None
+            stream_states_through_step(self.engine.optimizer, self._state_holder)
 
     @property
     def policy(self) -> OFTPolicy:
@@ -152,31 +210,39 @@ class Actor:
     def device(self) -> torch.device:
         return self.engine.device
 
-    def update(self, micro_batches: list[tuple[PolicyInputs, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                               torch.Tensor]]) -> dict:
-        """One optimizer step over micro-batches of (inputs, tokens, old log-probs, advantages, token mask, token
-        weights).
+    def _forward(self, inputs: PolicyInputs) -> torch.Tensor:
+        return self.engine((inputs.trimmed() if self.trim else inputs).to(self.device))
+
+    def update(self, micro_batches: list[MicroBatch], old_from_forward: bool = False) -> UpdateStats:
+        """One optimizer step over `micro_batches`, accumulated.
 
         The weights (`algo.token_weights` of the whole mini-batch) make each micro-batch's loss its share of the
-        mini-batch's loss, whatever the split. DeepSpeed divides by its accumulation steps, which equal the number of
-        micro-batches, so each loss is multiplied back by it. Metrics are weighted by each micro-batch's valid tokens.
+        mini-batch's loss, whatever the split, so the losses are summed as they are (no division by the number of
+        micro-batches). Metrics are weighted by each micro-batch's valid tokens. With `old_from_forward` the old
+        log-probs are the forward's own, detached (what a recompute before the step gives), the micro-batches'
+        `old_logprobs` are the rollout's, and `algo.tis_cap` weighs tokens by the ratio of the two.
         """
-        assert len(micro_batches) == self.ds_config["gradient_accumulation_steps"]
         self.engine.train()
-        tokens_total = max(sum(int(mb[4].sum()) for mb in micro_batches), 1)
+        tokens_total = max(sum(int(mb.mask.sum()) for mb in micro_batches), 1)
         stats: dict[str, float] = {"policy_loss": 0.0, "clip_frac": 0.0, "entropy": 0.0, "approx_kl": 0.0}
-        for index, (inputs, tokens, old_logprobs, advantages, mask, weights) in enumerate(micro_batches):
-            share = int(mask.sum()) / tokens_total
-            logits = self.engine(inputs.to(self.device))
-            logprobs = logprobs_from_logits(logits, tokens.to(self.device), self.algo.temperature)
-            mask = mask.to(self.device)
-            loss, info = clipped_policy_loss(
-                logprobs, old_logprobs.to(self.device), advantages.to(self.device), mask, self.algo.clip_low,
-                self.algo.clip_high, weights.to(self.device),
-            )
-            if index == 0:  # computed before this update's optimizer step: the rollout <-> actor mismatch
+        forward_logprobs: list[torch.Tensor] = []
+        for index, mb in enumerate(micro_batches):
+            share = int(mb.mask.sum()) / tokens_total
+            self.engine.set_gradient_accumulation_boundary(index == len(micro_batches) - 1)
+            logits = self._forward(mb.inputs)
+            logprobs = logprobs_from_logits(logits, mb.tokens.to(self.device), self.algo.temperature)
+            old, weights = mb.old_logprobs.to(self.device), mb.weights.to(self.device)
+            if old_from_forward:
+                rollout, old = old, logprobs.detach()
+                forward_logprobs.append(old.float().cpu())
+                if self.algo.tis_cap > 0:
+                    weights = weights * truncated_is_weights(old, rollout, self.algo.tis_cap)
+            mask = mb.mask.to(self.device)
+            loss, info = clipped_policy_loss(logprobs, old, mb.advantages.to(self.device), mask, self.algo.clip_low,
+                                             self.algo.clip_high, weights)
+            if index == 0 and not old_from_forward:  # before this update's optimizer step: the rollout <-> actor gap
                 stats.update({f"mismatch_{k}": info[k] for k in ("abs_log_ratio", "approx_kl", "outside_clip")})
-            self.engine.backward(loss * len(micro_batches))
+            self.engine.backward(loss, scale_wrt_gas=False)
             self.engine.step()
             with torch.no_grad():
                 entropy = token_entropy(logits.detach() / self.algo.temperature)[mask].mean().nan_to_num().item()
@@ -184,14 +250,16 @@ class Actor:
             stats["clip_frac"] += info["clip_frac"] * share
             stats["approx_kl"] += info["approx_kl"] * share
             stats["entropy"] += entropy * share
+        if self.streams_states and self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()  # the last sub-groups' states have reached the host buffers
         stats["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
-        return stats
+        return UpdateStats(stats, forward_logprobs)
 
     @torch.no_grad()
     def logprobs(self, inputs: PolicyInputs, tokens: torch.Tensor) -> torch.Tensor:
         """The actor's log-probs of `tokens` at the sampling temperature (no gradient), float32 on the CPU: the old
         log-probs of `algo.old_logprobs=recompute`. Every rank must call it equally often (ZeRO-3 gathers)."""
-        logits = self.engine(inputs.to(self.device))
+        logits = self._forward(inputs)
         return logprobs_from_logits(logits, tokens.to(self.device), self.algo.temperature).float().cpu()
 
     def offload_states(self) -> None:
@@ -207,6 +275,9 @@ class Actor:
             self.states_offloaded = True
 
     def reload_states(self) -> None:
+        """The states back on the device (ZeRO-3), unless they stream through each step (they stay on the host)."""
+        if self.streams_states:
+            return
         if self.states_offloaded and self._state_holder is not None:
             self._state_holder.reload()
             self.states_offloaded = False
@@ -218,4 +289,6 @@ class Actor:
         path, client_state = self.engine.load_checkpoint(directory, tag=tag)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {directory}")
+        if self.streams_states and self._state_holder is not None:
+            self._state_holder.offload()  # the loaded states, wherever the load put them, into the host buffers
         return client_state

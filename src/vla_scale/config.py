@@ -250,6 +250,11 @@ class AlgoConfig:
     tis_cap: float = 0.0
     """With old_logprobs=recompute: > 0 weighs each token by min(actor / rollout probability, tis_cap), the truncated
     importance-sampling correction for tokens the engine sampled; 0 leaves it out."""
+    old_logprobs_from_update: bool = True
+    """With old_logprobs=recompute: the first mini-batch's old log-probs are its own update forward's, detached (no
+    optimizer step has run yet, so they are what a recompute would give), and only later mini-batches' samples are
+    recomputed first; false recomputes every sample in a pass of its own (SimpleVLA-RL's way). With one mini-batch
+    the recompute pass is gone."""
 
 
 @dataclass
@@ -291,6 +296,16 @@ class DeepSpeedConfig:
     release_engine_during_update: bool = False
     """Colocated memory: the rollout engine frees its weights' GPU memory while the actor updates; the weight sync
     after the update refills them."""
+    stream_optimizer_states: bool = False
+    """ZeRO-3: the optimizer's moments and fp32 master weights live in pinned CPU memory and visit the GPU one
+    sub-group (`sub_group_size` elements) at a time for the optimizer step, so the update's forward and backward run
+    without them: at 7B the GPU holds 12 GB of them at once instead of 90. Replaces
+    offload_states_during_rollout's moves (the states never stay on the GPU)."""
+    sub_group_size: int = 1_000_000_000
+    """ZeRO-3: elements the optimizer steps at once (DeepSpeed's sub-groups; what stream_optimizer_states moves)."""
+    trim_prompt_padding: bool = True
+    """The update's and the recompute's forwards run on each micro-batch's longest prompt instead of the fixed prompt
+    budget (the cut columns are masked keys; false keeps the budget's padding, as the anchors run it)."""
     sync_bucket_mb: int = 64
     """Weight sync gathers parameters in buckets of at most this many MB."""
     sync_verify_every: int = 1
@@ -391,7 +406,7 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     "parallel.ray_num_cpus": AT_LEAST_0,
     "deepspeed.param_persistence_threshold": AT_LEAST_0,
     **{f"deepspeed.{k}": AT_LEAST_1 for k in ("prefetch_bucket_size", "max_live_parameters", "sync_bucket_mb",
-                                             "sync_verify_every")},
+                                             "sync_verify_every", "sub_group_size")},
     **{k: AT_LEAST_1 for k in ("steps", "eval_every")},
     **{k: AT_LEAST_0 for k in ("seed", "save_every")},
 }
@@ -529,12 +544,15 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     if e.name in ENVS:
         problems += e.startup_problems()
     ds = cfg.deepspeed
-    for key in ("offload_param", "leaf_modules"):
+    for key in ("offload_param", "leaf_modules", "stream_optimizer_states"):
         if getattr(ds, key) and ds.zero_stage != 3:
             problems.append(f"deepspeed.{key}=true needs deepspeed.zero_stage=3 (got {ds.zero_stage})")
     if ds.offload_states_during_rollout and (ds.zero_stage != 3 or ds.offload_optimizer or ds.offload_param):
         problems.append("deepspeed.offload_states_during_rollout=true needs deepspeed.zero_stage=3 with "
                         "offload_optimizer=false and offload_param=false (states already on the CPU cannot move)")
+    if ds.stream_optimizer_states and ds.offload_optimizer:
+        problems.append("deepspeed.stream_optimizer_states=true steps on the GPU: it needs "
+                        "deepspeed.offload_optimizer=false (that one steps on the CPU)")
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
     return cfg

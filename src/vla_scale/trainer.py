@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from vla_scale import checkpoint
-from vla_scale.actor import Actor, init_distributed
+from vla_scale.actor import Actor, MicroBatch, init_distributed
 from vla_scale.algo import (
     executed_action_mask,
     group_advantages,
@@ -49,11 +49,13 @@ from vla_scale.sync.weight_sync import SyncReport, sync_weights
 @dataclass
 class MiniBatch:
     """One optimizer step's samples: rows (episode, chunk step, advantage, episode index), the tokens that enter the
-    loss, their weights, the old log-probs and the split into micro-batches (index arrays into rows)."""
+    loss, their weights, the rollout's log-probs, the old log-probs of the loss (the rollout's, or the actor's once
+    recomputed) and the split into micro-batches (index arrays into rows)."""
 
     rows: list[tuple[Trajectory, int, float, int]]
     mask: torch.Tensor  # bool [R, K]
     weights: torch.Tensor  # float32 [R, K]
+    rollout: torch.Tensor  # float32 [R, K]
     old: torch.Tensor  # float32 [R, K]
     parts: list[np.ndarray]
 
@@ -321,7 +323,9 @@ class Trainer:
     # ---- update -----------------------------------------------------------------------------------------------------
     def update(self, batch: StepBatch) -> dict[str, float]:
         """GRPO advantages per group, then `mini_batches` optimizer steps (`_mini_batches` says how samples are
-        grouped); with `algo.old_logprobs=recompute` the actor first recomputes every sample's old log-probs."""
+        grouped). With `algo.old_logprobs=recompute` the old log-probs are the actor's before the update: the first
+        mini-batch's read off its own forward (`algo.old_logprobs_from_update`) or recomputed like the others', which
+        are recomputed first (every rank the same passes)."""
         a = self.cfg.algo
         # every rank must run the same number of forward/backward passes (ZeRO-3 gathers are collectives)
         if self._mean_over_ranks(float(bool(batch.groups))) < 1.0:
@@ -329,17 +333,25 @@ class Trainer:
         trajs = [t for group in batch.groups for t in group]
         adv = group_advantages(torch.tensor([t.reward for t in trajs]), [t.uid for t in trajs])
         minis = [self._loss_plan(mini, trajs, adv) for mini in self._mini_batches(trajs)]
+        recompute = a.old_logprobs == "recompute"
+        from_forward = recompute and a.old_logprobs_from_update
         started = time.perf_counter()
-        mismatch = self._recompute_old_logprobs(minis) if a.old_logprobs == "recompute" else {}
+        if recompute:
+            self._recompute_old_logprobs(minis[1:] if from_forward else minis)
         recompute_s = time.perf_counter() - started
         totals: dict[str, float] = {}
-        for mb in minis:
-            for key, value in self.actor.update([self._micro_batch(mb, part) for part in mb.parts]).items():
+        first_mismatch: dict[str, float] = {}
+        for index, mb in enumerate(minis):
+            result = self.actor.update([self._micro_batch(mb, part) for part in mb.parts],
+                                       old_from_forward=from_forward and index == 0)
+            if result.forward_logprobs:
+                mb.old = torch.cat(result.forward_logprobs)
+            for key, value in result.metrics.items():
                 if key.startswith("mismatch_"):  # the first micro-batch, before any optimizer step of this RL step
-                    mismatch.setdefault(key, value)
+                    first_mismatch.setdefault(key, value)
                 else:
                     totals[key] = totals.get(key, 0.0) + value / len(minis)
-        totals.update(mismatch)
+        totals.update(self._mismatch(minis) if recompute else first_mismatch)
         totals["samples"] = float(sum(len(t) for t in trajs))
         totals["recompute_s"] = recompute_s
         return totals
@@ -365,25 +377,25 @@ class Trainer:
         rows = [(trajs[e], k, adv[e].item(), e) for e, k in mini]
         mask = executed_action_mask(torch.tensor([t.executed[k] for t, k, _, _ in rows]), m.chunk_len, m.action_dim)
         weights = token_weights(mask, torch.tensor([e for *_, e in rows]), a.loss_agg).float()
-        old = torch.from_numpy(np.stack([t.logprobs[k] for t, k, _, _ in rows]))
-        return MiniBatch(rows, mask, weights, old, np.array_split(np.arange(len(rows)), a.micro_batches))
+        rollout = torch.from_numpy(np.stack([t.logprobs[k] for t, k, _, _ in rows]))
+        return MiniBatch(rows, mask, weights, rollout, rollout, np.array_split(np.arange(len(rows)), a.micro_batches))
 
-    def _recompute_old_logprobs(self, minis: list[MiniBatch]) -> dict[str, float]:
+    def _recompute_old_logprobs(self, minis: list[MiniBatch]) -> None:
         """The actor's own log-probs, before any optimizer step, on exactly the rollout's inputs become the old
         log-probs (SimpleVLA-RL's way); with `algo.tis_cap` the loss weights also get the truncated importance
-        weights. Returns the rollout <-> actor mismatch over every valid token of the step."""
+        weights."""
         a = self.cfg.algo
-        actor, rollout = [], []
         for mb in minis:
-            recomputed = torch.cat([self.actor.logprobs(*self._inputs_and_tokens([mb.rows[j] for j in part]))
-                                    for part in mb.parts])
-            actor.append(recomputed)
-            rollout.append(mb.old)
+            mb.old = torch.cat([self.actor.logprobs(*self._inputs_and_tokens([mb.rows[j] for j in part]))
+                                for part in mb.parts])
             if a.tis_cap > 0:
-                mb.weights = mb.weights * truncated_is_weights(recomputed, mb.old, a.tis_cap)
-            mb.old = recomputed
-        stats = logprob_mismatch(torch.cat(actor), torch.cat(rollout), torch.cat([mb.mask for mb in minis]),
-                                 a.clip_low, a.clip_high)
+                mb.weights = mb.weights * truncated_is_weights(mb.old, mb.rollout, a.tis_cap)
+
+    def _mismatch(self, minis: list[MiniBatch]) -> dict[str, float]:
+        """The rollout <-> actor log-prob mismatch over every valid token of the step (old log-probs recomputed)."""
+        a = self.cfg.algo
+        stats = logprob_mismatch(torch.cat([mb.old for mb in minis]), torch.cat([mb.rollout for mb in minis]),
+                                 torch.cat([mb.mask for mb in minis]), a.clip_low, a.clip_high)
         return {f"mismatch_{k}": v for k, v in stats.items()}
 
     def _inputs_and_tokens(self, rows: list[tuple[Trajectory, int, float, int]]) -> tuple[PolicyInputs, torch.Tensor]:
@@ -393,10 +405,10 @@ class Trainer:
         inputs: PolicyInputs = self.processor.from_prepared(images, [t.instruction for t, *_ in rows], proprio)
         return inputs, torch.from_numpy(np.stack([t.tokens[k] for t, k, _, _ in rows]))
 
-    def _micro_batch(self, mb: MiniBatch, part: np.ndarray):
+    def _micro_batch(self, mb: MiniBatch, part: np.ndarray) -> MicroBatch:
         inputs, tokens = self._inputs_and_tokens([mb.rows[j] for j in part])
         advantages = torch.tensor([mb.rows[j][2] for j in part], dtype=torch.float32)
-        return inputs, tokens, mb.old[part], advantages, mb.mask[part], mb.weights[part]
+        return MicroBatch(inputs, tokens, mb.old[part], advantages, mb.mask[part], mb.weights[part])
 
     def sync(self, version: int) -> SyncReport:
         """Actor -> engine in buckets; every rank's engine must hold the actor's exact weights (checksum logged).

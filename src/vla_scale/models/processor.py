@@ -49,6 +49,15 @@ class PolicyInputs:
     def to(self, device: torch.device | str) -> PolicyInputs:
         return PolicyInputs(*(t.to(device, non_blocking=True) for t in vars(self).values()))
 
+    def trimmed(self) -> PolicyInputs:
+        """The prompt columns cut to the batch's longest prompt. Prompts are right-padded to a fixed budget and the
+        action slots follow each row's own prompt, so the cut columns are only ever masked keys: every row keeps its
+        positions and the logits stay what they were (up to the order of float sums over fewer keys). Read on the
+        host, the mask costs no device sync."""
+        longest = int(self.attention_mask.sum(dim=1).max())
+        return PolicyInputs(self.pixel_values, self.input_ids[:, :longest], self.attention_mask[:, :longest],
+                            self.proprio)
+
 
 @dataclass(frozen=True)
 class ImageTransform:

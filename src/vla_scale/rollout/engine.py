@@ -28,7 +28,7 @@ from torch import Tensor
 
 from vla_scale.algo import logprobs_from_logits
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
-from vla_scale.rollout.fast_forward import FastForward, trim_text
+from vla_scale.rollout.fast_forward import FastForward
 from vla_scale.sync.checksum import weights_checksum
 from vla_scale.sync.spans import span
 
@@ -111,8 +111,7 @@ class RolloutEngine:
     def inputs(self, batch: PolicyInputs) -> PolicyInputs:
         """The batch on the engine's device (prompt padding trimmed first on the fast path)."""
         if self.fast is not None:
-            ids, mask = trim_text(batch.input_ids, batch.attention_mask)
-            batch = PolicyInputs(batch.pixel_values, ids, mask, batch.proprio)
+            batch = batch.trimmed()
         return PolicyInputs(*(self._to_device(name, t) for name, t in vars(batch).items()))
 
     def logits(self, batch: PolicyInputs, prompt_lengths: list[int] | None = None) -> Tensor:

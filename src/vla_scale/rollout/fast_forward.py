@@ -3,7 +3,7 @@
 What differs from the policy's own (plain) forward, and why each keeps the function the same:
 
 - **Trimmed text.** `Processor` pads every prompt to `max_text_len`; the plain pass runs all those pad positions.
-  Here the prompt columns are cut to the longest prompt of the batch first (`trim_text`, on the host).
+  Here the prompt columns are cut to the longest prompt of the batch first (`PolicyInputs.trimmed`, on the host).
 - **Packed positions, no mask.** Every row's real positions (BOS, patches, proprio, prompt, slots, stop) come first
   in it and pads after, and pad outputs are never read. So the decoder runs on the real positions only, packed into
   one [N, D] matrix (rows ordered by length), and attention runs once per run of equal-length rows as a dense SDPA
@@ -236,12 +236,6 @@ def _stacked(*linears: Any) -> Tensor | None:
         return None
     whole = span(weights)
     return None if whole is None else whole.view(-1, first.shape[1])
-
-
-def trim_text(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Cut the right padding shared by every prompt of the batch (the mask may live on the host: no sync then)."""
-    longest = int(attention_mask.sum(dim=1).max())
-    return input_ids[:, :longest], attention_mask[:, :longest]
 
 
 class FastForward:
