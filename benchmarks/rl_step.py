@@ -4,18 +4,28 @@
     python benchmarks/rl_step.py --model oft_7b --sim-ms 26        # simulators as costly per env step as LIBERO's
     python benchmarks/rl_step.py --model tiny --dry-run            # CPU: the whole script in seconds (make test)
 
-The trainer is built as `launch/train.py` builds it (`Trainer`: the ZeRO-3 actor, the rollout engine on the same
-device, the embedded reach task's simulators in their processes, rendering through EGL), and runs `--steps` RL steps
-(`Trainer.train_step`: rollout, old log-probs recomputed, update, weight sync) in each of two ways, ours first:
+The trainer is built as `launch/train.py` builds it (`Trainer`: the ZeRO-3 actor under the `zero3_bf16` settings,
+the rollout engine on the same device, the embedded reach task's simulators in their processes, rendering through
+EGL), and runs `--steps` RL steps (`Trainer.train_step`: rollout, old log-probs, update, weight sync) in each of two
+ways, ours first. Both use SimpleVLA-RL's loss (old log-probs recomputed before the update: `algo.old_logprobs=
+recompute`) and take one optimizer step per RL step (its recipe, configs/oft_libero.yaml, takes four).
 
 - ours: `--stages` pipeline stages, the engine's fast decode of a whole stage at once, the next step's resets sent
-  before the update;
+  before the update; the update in micro-batches of `--micro-batch` samples, prompt padding trimmed per
+  micro-batch, the old log-probs read off the update's own forward (with one optimizer step there is no recompute
+  pass: `algo.old_logprobs_from_update`), the optimizer states in pinned host memory, visiting the GPU one sub-group
+  at a time for the step (`deepspeed.stream_optimizer_states`);
 - anchors (SimpleVLA-RL / RLinf as they run it): one stage, the plain decode with transformers' eager attention in
-  micro-batches of 8, no reset during the update, and after the update SimpleVLA-RL's extra no-gradient forward
+  micro-batches of 8, no reset during the update; the update in micro-batches of 16 samples (SimpleVLA-RL's
+  16-step pieces of a trajectory) over the prompt budget's padding, after a recompute pass over every sample, with
+  the whole optimizer state on the GPU during the update (moved to the host between updates, which is kinder to
+  them than SimpleVLA-RL's CPU offload of the optimizer); after the update SimpleVLA-RL's extra no-gradient forward
   over every sample for its entropy metric (its trainer's `compute_entropy`, micro-batches of one trajectory: 64
-  chunk steps; ours reads the entropy off the update's own logits). The update, the recompute and the sync are the
-  same code in both (both recompute old log-probs first, as SimpleVLA-RL does; one optimizer step per RL step in both,
-  where its recipe, configs/oft_libero.yaml, takes four).
+  chunk steps; ours reads the entropy off the update's own logits). The sync and the rest of the update are the same
+  code in both.
+
+`--memory-gib N` caps the process's GPU memory at N GiB (the allocator's per-process fraction) from the start through
+our way's steps, so "fits an N GB GPU" is shown, not claimed; the anchors' way then runs uncapped (it needs ~119 GiB).
 
 `--sim-ms` gives the reach task's simulators real physics work (`env.reach.physics_substeps`, calibrated here to that
 many CPU ms per env step) so that simulation costs what LIBERO's does: 26 ms of CPU per env step outside rendering,
@@ -23,7 +33,8 @@ measured for libero_spatial on the 2-core CPU machine (docs/performance.md). Per
 decode waiting on the simulators, simulator busy and idle per process), recompute, update (seconds and MFU at the
 matmul rate this run measures), colocated-memory moves, sync, env steps/s and peak device memory. After the steps,
 the same update runs alone on the last step's samples (the update's own figure, beside its figure inside the loop).
-Last line: `rl_step: step_speedup=<x.xx> rollout_speedup=<y.yy> update_mfu=<z.zz> peak_gib=<m>`.
+Each phase's peak GPU memory is in the table (rollout, update, sync; the step's peak is the largest). Last line:
+`rl_step: step_speedup=<x.xx> rollout_speedup=<y.yy> update_mfu=<z.zz> peak_gib=<m>` (peak_gib: our way's).
 """
 
 from __future__ import annotations
@@ -51,8 +62,10 @@ from vla_scale.models.processor import PolicyInputs  # noqa: E402
 from vla_scale.rollout.engine import Decoded, RolloutEngine  # noqa: E402
 from vla_scale.rollout.env_loop import EnvLoop  # noqa: E402
 from vla_scale.rollout.stack import start_fleet  # noqa: E402
+from vla_scale.trainer import ColocatedMemory  # noqa: E402
 
-ANCHOR_MICRO_BATCH = 8
+ANCHOR_MICRO_BATCH = 8  # observations per decode
+ANCHOR_UPDATE_MICRO_BATCH = 16  # samples per update micro-batch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode import set_attention  # noqa: E402
 
@@ -69,11 +82,16 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2, help="timed RL steps of each way")
     p.add_argument("--warmup-steps", type=int, default=1,
                    help="untimed steps first (the optimizer state's first allocation and pinning happen in them)")
-    p.add_argument("--micro-batch", type=int, default=16, help="samples per update micro-batch (about)")
+    p.add_argument("--micro-batch", type=int, default=64,
+                   help="samples per update micro-batch, ours (about; the anchors' way takes 16)")
+    p.add_argument("--memory-gib", type=float, default=0.0,
+                   help="cap the GPU memory at this many GiB through our way's steps (0: no cap)")
     p.add_argument("--sim-ms", type=float, default=0.0, help="CPU ms of physics per env step (0: none added)")
     p.add_argument("--rollout-sweep", type=float, nargs="*", default=None, metavar="SIM_MS",
                    help="rollouts only (no update), at each of these simulator costs (CPU ms per env step): ours at "
                         "S = 1 and --stages against the anchors' way")
+    p.add_argument("--update-sweep", type=int, nargs="*", default=None, metavar="SAMPLES",
+                   help="after the warm-up steps, only our update alone at each of these micro-batch sizes")
     p.add_argument("--dry-run", action="store_true", help="CPU, small batch: check the script end to end")
     p.add_argument("--json", default="", help="write every figure here too")
     return p.parse_args()
@@ -89,6 +107,8 @@ def trainer_config(args: argparse.Namespace, substeps: int) -> Config:
         f"model={args.model}", "model.proprio_dim=4",  # the reach task's proprio
         "algo=grpo", f"algo.batch_size={args.groups}", f"algo.group_size={args.group_size}",
         "algo.mini_batches=1", f"algo.micro_batches={max(1, samples // args.micro_batch)}",
+        "algo.old_logprobs=recompute", "algo.old_logprobs_from_update=true", "deepspeed.stream_optimizer_states=true",
+        "deepspeed.trim_prompt_padding=true",
         "algo.max_resample_rounds=0", "algo.filter_low=0", "algo.filter_high=1",  # every group kept: fixed work
         "env=reach", "env.reach.max_delta=1e-9",  # the end effector stays put: no episode ends early, the same work
         f"env.max_steps={args.max_steps}", "env.camera_resolution=0", f"env.num_workers={args.workers}",
@@ -105,6 +125,33 @@ def trainer_config(args: argparse.Namespace, substeps: int) -> Config:
         cfg = replace(cfg, model=replace(cfg.model, hidden_size=32, intermediate_size=64, num_layers=1,
                                          vision_dim=32, num_heads=2))
     return validate(cfg)
+
+
+def anchors_update(cfg: Config, samples: int) -> Config:
+    """The anchors' update settings (module docstring) over ours: 16-sample micro-batches, a recompute pass, the
+    prompt budget's padding, the optimizer state resident on the GPU during the update."""
+    algo = replace(cfg.algo, micro_batches=max(1, samples // ANCHOR_UPDATE_MICRO_BATCH),
+                   old_logprobs_from_update=False)
+    ds = replace(cfg.deepspeed, stream_optimizer_states=False, trim_prompt_padding=False,
+                 offload_states_during_rollout=torch.cuda.is_available())
+    return replace(cfg, algo=algo, deepspeed=ds)
+
+
+def use_update_settings(trainer, cfg: Config) -> None:
+    """Run the trainer's next updates with `cfg`'s algorithm and actor settings (its engine stays as built)."""
+    trainer.cfg = cfg
+    trainer.memory = ColocatedMemory(trainer.actor, trainer.engine, cfg.deepspeed)
+    trainer.actor.configure(cfg.deepspeed, cfg.algo)
+
+
+def cap_memory(gib: float) -> str:
+    """Cap this process's GPU memory at `gib` GiB (0: lift the cap); what was done, for the log."""
+    if not torch.cuda.is_available():
+        return "no GPU: no memory cap"
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total) if gib > 0 else 1.0)
+    return f"GPU memory capped at {gib:g} GiB of {total / 2**30:.1f}" if gib > 0 else "GPU memory cap lifted"
 
 
 def substeps_for(ms: float) -> int:
@@ -175,12 +222,13 @@ def warm_up(trainer, cfg: Config) -> float:
     return time.perf_counter() - start
 
 
-def forward_flops(trainer, batch_rows: int = 2) -> float:
-    """Model FLOPs of one sample's forward (matrix products; FlopCounterMode over the actor's forward)."""
+def forward_flops(trainer, batch_rows: int = 8) -> float:
+    """Model FLOPs of one sample's forward (matrix products; FlopCounterMode over the actor's forward with the prompt
+    padding trimmed: useful FLOPs, the same count for both ways)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     trajs = [t for group in trainer.last_batch.groups for t in group]
-    rows = [(trajs[0], k, 0.0, 0) for k in range(min(batch_rows, len(trajs[0])))]
+    rows = [(t, 0, 0.0, 0) for t in trajs[:batch_rows]]  # episodes of several instructions: their prompt lengths
     inputs, tokens = trainer._inputs_and_tokens(rows)
     with FlopCounterMode(display=False) as counter:
         trainer.actor.logprobs(inputs, tokens)
@@ -225,7 +273,10 @@ def timed_step(trainer, way: str) -> dict[str, float]:
     start = time.perf_counter()
     m = trainer.train_step()
     m["step_s"] = time.perf_counter() - start
-    m["peak_gib"] = peak_gib(device)
+    phases = [v for k, v in m.items() if k.startswith("memory/")]
+    m["peak_gib"] = max(phases) if phases else peak_gib(device)
+    for phase in ("rollout", "update", "sync"):
+        m.setdefault(f"memory/{phase}_peak_gib", float("nan"))
     m["way"] = way
     return m
 
@@ -304,8 +355,9 @@ def rollout_sweep(trainer, cfg: Config, costs: list[float], stages: int) -> None
           flush=True)
 
 
-def update_alone(trainer) -> float:
-    """Seconds of `Actor.update` on the last step's samples, micro-batches built beforehand (nothing else timed)."""
+def update_alone(trainer) -> tuple[float, float]:
+    """Seconds and peak GiB of `Actor.update` on the last step's samples, micro-batches built beforehand (nothing
+    else timed)."""
     from vla_scale.algo import group_advantages
 
     trajs = [t for group in trainer.last_batch.groups for t in group]
@@ -316,14 +368,36 @@ def update_alone(trainer) -> float:
     device = trainer.actor.device
     if device.type == "cuda":
         torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     for mbs in micro:
         trainer.actor.update(mbs)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    peak = peak_gib(device)
     trainer.sync(trainer.version + 1)
-    return seconds
+    return seconds, peak
+
+
+def update_sweep(trainer, cfg: Config, sizes: list[int], flops: float, rate: float) -> None:
+    """Our update alone on the last step's samples at each micro-batch size (samples per micro-batch), as a table."""
+    samples = float(sum(len(t) for g in trainer.last_batch.groups for t in g))
+    lines = ["| samples per micro-batch | micro-batches | update s | MFU | peak GiB |", "|---|---|---|---|---|"]
+    for size in sizes:
+        count = max(1, int(samples) // size)
+        use_update_settings(trainer, replace(cfg, algo=replace(cfg.algo, micro_batches=count)))
+        try:
+            seconds, peak = update_alone(trainer)
+            lines.append(f"| {size} | {count} | {seconds:.1f} | {3 * flops * samples / seconds / rate:.1%} | "
+                         f"{peak:.1f} |")
+        except torch.OutOfMemoryError:
+            lines.append(f"| {size} | {count} | out of memory | | |")
+            trainer.actor.engine.optimizer.zero_grad()
+            torch.cuda.empty_cache()
+        print(lines[-1], flush=True)
+    print("\n" + "\n".join(lines))
+    use_update_settings(trainer, cfg)
 
 
 COLUMNS = [("way", "way", "{}"), ("step_s", "step s", "{:.1f}"), ("time/rollout_s", "rollout s", "{:.1f}"),
@@ -333,7 +407,9 @@ COLUMNS = [("way", "way", "{}"), ("step_s", "step s", "{:.1f}"), ("time/rollout_
            ("update_mfu", "update MFU", "{:.1%}"), ("entropy_s", "entropy pass s", "{:.1f}"),
            ("time/make_room_s", "moves s", "{:.1f}"),
            ("time/sync_s", "sync s", "{:.2f}"), ("rollout/env_steps_per_s", "env steps/s", "{:.0f}"),
-           ("train/samples", "samples", "{:.0f}"), ("peak_gib", "peak GiB", "{:.1f}")]
+           ("train/samples", "samples", "{:.0f}"), ("memory/rollout_peak_gib", "rollout GiB", "{:.1f}"),
+           ("memory/update_peak_gib", "update GiB", "{:.1f}"), ("memory/sync_peak_gib", "sync GiB", "{:.1f}"),
+           ("peak_gib", "peak GiB", "{:.1f}")]
 
 
 def table(rows: list[dict]) -> str:
@@ -351,6 +427,7 @@ def main() -> None:
 
     substeps = substeps_for(args.sim_ms)
     cfg = trainer_config(args, substeps)
+    cap = cap_memory(args.memory_gib) if args.memory_gib else ""
     t0 = time.perf_counter()
     trainer = Trainer(cfg, tempfile.mkdtemp(prefix="rl_step_"))
     trainer.setup()
@@ -363,22 +440,32 @@ def main() -> None:
     print(f"rl_step setup {setup_s:.1f}s: model={cfg.model.name} device={device} episodes/step="
           f"{cfg.algo.batch_size * cfg.algo.group_size} max_steps={cfg.env.max_steps} sim procs={procs} "
           f"stages={cfg.env.rollout.pipeline_stage_num} physics substeps/env step={substeps} (--sim-ms {args.sim_ms}) "
-          f"matmul {rate / 1e12:.1f} TFLOP/s; decode warm-up (compile) {warm_s:.1f}s", flush=True)
+          f"matmul {rate / 1e12:.1f} TFLOP/s; decode warm-up (compile) {warm_s:.1f}s"
+          + (f"; {cap} (our way)" if cap else ""), flush=True)
     if args.rollout_sweep is not None:
         rollout_sweep(trainer, cfg, args.rollout_sweep or [0.0], args.stages)
         trainer.close()
         sys.stdout.flush()
         os._exit(0)
-    for _ in range(args.warmup_steps):
+    for _ in range(max(args.warmup_steps, int(args.update_sweep is not None))):
         m = timed_step(trainer, "warm-up")
-        print(f"warm-up step {m['step_s']:.1f}s (sync {m['time/sync_s']:.1f}s, update {m['time/update_s']:.1f}s)",
-              flush=True)
+        print(f"warm-up step {m['step_s']:.1f}s (sync {m['time/sync_s']:.1f}s, update {m['time/update_s']:.1f}s, "
+              f"peak {m['peak_gib']:.1f} GiB)", flush=True)
+    if args.update_sweep is not None:
+        update_sweep(trainer, cfg, args.update_sweep or [args.micro_batch], forward_flops(trainer), rate)
+        trainer.close()
+        sys.stdout.flush()
+        os._exit(0)
     rows: list[dict] = []
     flops = 0.0
     ours_fleet, ours_loop = trainer.fleet, trainer.loop
     anchor_env = replace(cfg.env, rollout=RolloutConfig(pipeline_stage_num=1))
+    samples_per_step = cfg.algo.batch_size * cfg.algo.group_size * trainer.max_chunks
     for way in ("ours", "anchors"):
         if way == "anchors":
+            if cap:
+                print(cap_memory(0) + " (the anchors' way)", flush=True)
+            use_update_settings(trainer, anchors_update(cfg, samples_per_step))
             ours_loop.cancel_prefetch()
             trainer.next_specs = None
             trainer.fleet = start_fleet(anchor_env, trainer.vla, ours_fleet.size)
@@ -404,7 +491,10 @@ def main() -> None:
         if way == "anchors":
             trainer.fleet.close()
             trainer.fleet, trainer.loop = ours_fleet, ours_loop
-    alone_s = update_alone(trainer)
+    use_update_settings(trainer, cfg)
+    if cap:
+        print(cap_memory(args.memory_gib) + " (our update alone)", flush=True)
+    alone_s, _ = update_alone(trainer)
     samples = float(sum(len(t) for g in trainer.last_batch.groups for t in g))
     alone_mfu = 3 * flops * samples / alone_s / rate
     trainer.close()
@@ -418,7 +508,7 @@ def main() -> None:
     step_speedup = mean(anchors, "step_s") / mean(ours, "step_s")
     rollout_speedup = mean(anchors, "time/rollout_s") / mean(ours, "time/rollout_s")
     update_mfu = mean(ours, "update_mfu")
-    peak = max(r["peak_gib"] for r in rows)
+    peak = max(r["peak_gib"] for r in ours)
     print("\n" + table(rows))
     print(f"\nforward {flops / 1e12:.3f} TFLOP per sample; update FLOPs = 3 x forward x samples; MFU against "
           f"{rate / 1e12:.1f} TFLOP/s (this run's {'8192^3 bf16' if device.type == 'cuda' else '512^3 fp32'} matmul)")

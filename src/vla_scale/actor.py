@@ -20,7 +20,8 @@ from deepspeed.utils import set_z3_leaf_modules
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from vla_scale.algo import clipped_policy_loss, logprobs_from_logits, token_entropy, truncated_is_weights
-from vla_scale.config import AlgoConfig, DeepSpeedConfig
+from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig
+from vla_scale.models.lora import add_adapters
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.models.vision import Block
 
@@ -128,19 +129,22 @@ class OptimizerStates:
             torch.cuda.synchronize()
 
 
-def stream_states_through_step(zero_optimizer: Any, states: OptimizerStates) -> None:
+def stream_states_through_step(zero_optimizer: Any, states: OptimizerStates, active: Callable[[], bool]) -> None:
     """Make a ZeRO-3 optimizer's step fetch each sub-group's master partition and moments from the host just before
-    it steps that sub-group, and send them back right after: the step then needs one sub-group's states on the GPU
-    at a time. The copies are queued on the compute stream, in order, so no step reads a state before it arrives."""
+    it steps that sub-group, and send them back right after, while `active()`: the step then needs one sub-group's
+    states on the GPU at a time. The copies are queued on the compute stream, in order, so no step reads a state
+    before it arrives."""
     prepare, release = zero_optimizer._prepare_sub_group, zero_optimizer._release_sub_group
 
     def prepare_with_states(sub_group: int, timers: Any) -> None:
-        states.reload([sub_group], wait=False)
+        if active():
+            states.reload([sub_group], wait=False)
         prepare(sub_group, timers)
 
     def release_with_states(sub_group: int, timers: Any) -> None:
         release(sub_group, timers)
-        states.offload([sub_group], wait=False)
+        if active():
+            states.offload([sub_group], wait=False)
 
     zero_optimizer._prepare_sub_group = prepare_with_states
     zero_optimizer._release_sub_group = release_with_states
@@ -170,15 +174,17 @@ class UpdateStats:
 class Actor:
     """Recomputes log-probs and applies the GRPO update through DeepSpeed."""
 
-    def __init__(self, build: Callable[[bool], OFTPolicy], ds: DeepSpeedConfig, algo: AlgoConfig):
-        """`build(zero3_init)` constructs the policy; it is called inside `deepspeed.zero.Init` for ZeRO-3."""
-        self.algo = algo
+    def __init__(self, build: Callable[[bool], OFTPolicy], ds: DeepSpeedConfig, algo: AlgoConfig,
+                 lora: LoraConfig | None = None):
+        """`build(zero3_init)` constructs the policy; it is called inside `deepspeed.zero.Init` for ZeRO-3. With
+        `lora.rank` > 0 the policy gets adapters and only they train (`models/lora.py`)."""
         self.ds_config = deepspeed_config(ds, algo)
         if ds.zero_stage == 3:
             with deepspeed.zero.Init(config_dict_or_path=self.ds_config):
                 policy = build(True)
         else:
             policy = build(False)
+        self.adapted = add_adapters(policy, lora) if lora is not None and lora.rank > 0 else []
         if ds.activation_checkpointing:
             lm = policy.language_model  # transformers renamed it in 5.x; older images have only the first name
             enable = getattr(lm, "activation_checkpointing_enable", None) or lm.gradient_checkpointing_enable
@@ -189,18 +195,31 @@ class Actor:
         # With the optimizer state on GPUs, torch's fused AdamW: one pass over the fp32 master weights and moments per
         # step instead of one per arithmetic operation (docs/performance.md).
         fused = torch.cuda.is_available() and not ds.offload_optimizer
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=algo.lr, weight_decay=algo.weight_decay,
-                                      fused=fused or None)
+        trained = [p for p in policy.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trained, lr=algo.lr, weight_decay=algo.weight_decay, fused=fused or None)
         self.engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=self.ds_config)
         self.zero_stage = ds.zero_stage
-        self.trim = ds.trim_prompt_padding
         self.states_offloaded = False
         self._state_holder: OptimizerStates | None = None  # built on the first offload (ZeRO-3 only)
-        self.streams_states = ds.stream_optimizer_states
-        if self.streams_states:  # the states leave the GPU now and only visit it, a sub-group at a time, to step
+        self.streams_states = False
+        self._stream_hooks = False
+        self.configure(ds, algo)
+
+    def configure(self, ds: DeepSpeedConfig, algo: AlgoConfig) -> None:
+        """The settings of how updates run that may change between updates: the loss's (`algo`), prompt trimming and
+        whether the optimizer states stream through the step (turned on: they leave the GPU now; off: they come
+        back). The DeepSpeed engine itself (ZeRO stage, precision, checkpointing) stays as it was built."""
+        self.algo = algo
+        self.trim = ds.trim_prompt_padding
+        if ds.stream_optimizer_states and not self.streams_states:
             self.offload_states()
             assert self._state_holder is not None
-            stream_states_through_step(self.engine.optimizer, self._state_holder)
+            if not self._stream_hooks:
+                stream_states_through_step(self.engine.optimizer, self._state_holder, lambda: self.streams_states)
+                self._stream_hooks = True
+        self.streams_states = ds.stream_optimizer_states
+        if not self.streams_states:
+            self.reload_states()
 
     @property
     def policy(self) -> OFTPolicy:

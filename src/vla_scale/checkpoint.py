@@ -101,6 +101,18 @@ def save_weights(module: torch.nn.Module, path: str, bucket_mb: float, write: bo
         save_file(tensors, path)
 
 
+def save_adapters(module: torch.nn.Module, folder: str, lora: Any, bucket_mb: float, write: bool, base: str) -> None:
+    """A LoRA policy's adapters alone, in PEFT's layout (`models/lora.write_adapters`), gathered like the weights."""
+    from vla_scale.models.lora import is_adapter, write_adapters
+
+    adapters: dict[str, torch.Tensor] = {}
+    for bucket in gathered_buckets(module, bucket_mb, only=is_adapter):
+        if write:
+            adapters.update((name, t.detach().cpu().clone()) for name, t in bucket)
+    if write:
+        write_adapters(folder, adapters, lora, base)
+
+
 def mark_latest(run_dir: str, tag: str) -> None:
     tmp = os.path.join(checkpoint_root(run_dir), "latest.tmp")
     with open(tmp, "w") as f:

@@ -8,6 +8,7 @@ under `configs/` only override fields of these schemas, so a typo in a key or a 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,29 @@ from omegaconf import DictConfig, OmegaConf
 
 class ConfigError(ValueError):
     """An impossible or unknown configuration; the message names the keys and the fix."""
+
+
+LORA_ALL_LINEAR = "all-linear"
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv", "proj", "fc1",
+                "fc2", "fc3")
+"""The linear layers LoRA can adapt, by last name: Llama's attention and MLP, the ViT blocks' attention and MLP, the
+projectors' layers (the LM head is never adapted: its action rows are what the loss reads)."""
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 0
+    """Rank of the LoRA adapters the actor trains instead of the whole policy (0: full-parameter training; 32 is
+    OpenVLA-OFT's and RLinf's)."""
+    alpha: float = 16.0
+    """The adapters' output is scaled by alpha / rank (OpenVLA-OFT fine-tunes with 16 at rank 32)."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Linear layers that get adapters, by their last name (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
+    down_proj, qkv, proj, fc1, fc2, fc3), or all-linear: every linear layer but the LM head, as OpenVLA-OFT's LoRA
+    fine-tuning does."""
+    path: str = ""
+    """An adapter folder in PEFT's layout (adapter_config.json, adapter_model.safetensors: a LoRA run's step folder,
+    an OpenVLA-OFT or RLinf LoRA checkpoint) merged into the policy's weights when it is loaded."""
 
 
 @dataclass
@@ -81,6 +105,8 @@ class ModelConfig:
     unnorm_key: str = ""
     """Dataset of the checkpoint's norm_stats that normalises proprio and un-normalises actions ('': the only one;
     a checkpoint with several needs it named, e.g. libero_spatial_no_noops)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA: the adapters the actor trains (rank 0: none) and adapters to merge on load."""
 
 
 @dataclass
@@ -389,7 +415,9 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
                                          "num_layers", "num_heads", "intermediate_size", "chunk_len", "action_dim",
                                          "proprio_dim", "pad_to_multiple_of")},
     "model.n_bins": AT_LEAST_2,
-    **{f"model.{k}": AT_LEAST_0 for k in ("ordinal_bin_init", "max_text_len", "vocab_size", "num_images")},
+    **{f"model.{k}": AT_LEAST_0 for k in ("ordinal_bin_init", "max_text_len", "vocab_size", "num_images",
+                                         "lora.rank")},
+    "model.lora.alpha": POSITIVE,
     "env.rollout.pipeline_stage_num": AT_LEAST_1,
     "env.disagg_sim.nnodes": AT_LEAST_1,
     **{f"env.{k}": AT_LEAST_1 for k in ("num_tasks", "num_eval_init_states", "max_steps", "num_workers",
@@ -495,6 +523,7 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
             f"model.hidden_size={m.hidden_size} and model.vision_dim={m.vision_dim} must be multiples of "
             f"model.num_heads={m.num_heads}"
         )
+    problems += lora_problems(m.lora)
     if a.batch_size % world_size:
         problems.append(
             f"algo.batch_size={a.batch_size} must divide over the {world_size} ranks (whole groups per rank)"
@@ -558,6 +587,21 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     return cfg
 
 
+def lora_problems(lora: LoraConfig) -> list[str]:
+    """`model.lora.*` settings that cannot work, one line each."""
+    problems = []
+    unknown = [name for name in lora.target_modules if name not in (LORA_ALL_LINEAR, *LORA_TARGETS)]
+    if unknown:
+        problems.append(f"model.lora.target_modules: {unknown} are not linear layers of the policy; choose from "
+                        f"{[LORA_ALL_LINEAR, *LORA_TARGETS]}")
+    if lora.rank > 0 and not lora.target_modules:
+        problems.append(f"model.lora.rank={lora.rank} but model.lora.target_modules is empty: name the layers")
+    if lora.path and not os.path.isfile(os.path.join(lora.path, "adapter_config.json")):
+        problems.append(f"model.lora.path={lora.path!r} has no adapter_config.json: point it at an adapter folder "
+                        "(PEFT layout: adapter_config.json, adapter_model.safetensors)")
+    return problems
+
+
 def as_yaml(cfg: Config | Any) -> str:
     """The resolved configuration as YAML text (logged with every run)."""
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
@@ -585,7 +629,8 @@ def field_docs() -> dict[str, list[tuple[str, str, str, str]]]:
 
 def config_markdown() -> str:
     """docs/CONFIG.md: every field with its type, default and meaning."""
-    sections = {"Config": "top level", "ModelConfig": "model", "EnvConfig": "env", "RolloutConfig": "env.rollout",
+    sections = {"Config": "top level", "ModelConfig": "model", "LoraConfig": "model.lora", "EnvConfig": "env",
+                "RolloutConfig": "env.rollout",
                 "DisaggSimConfig": "env.disagg_sim", "ReachConfig": "env.reach", "LiberoConfig": "env.libero",
                 "AlgoConfig": "algo", "ParallelConfig": "parallel", "DeepSpeedConfig": "deepspeed"}
     lines = ["# Configuration", "", "Generated from `src/vla_scale/config.py` by `python -m vla_scale.config`; "

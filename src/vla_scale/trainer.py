@@ -71,21 +71,30 @@ class StepBatch:
 
 
 class PhaseTimer:
-    """Wall seconds of named phases: `with timer("update"): ...`; `metrics()` gives `time/<name>_s`."""
+    """Wall seconds of named phases: `with timer("update"): ...`; `metrics()` gives `time/<name>_s` and, on a GPU,
+    each phase's peak of allocated device memory, `memory/<name>_peak_gib` (the peak counter restarts per phase)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
         self.seconds: dict[str, float] = {}
+        self.peaks: dict[str, float] = {}
+        self.device = device if device is not None and device.type == "cuda" else None
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
+        if self.device is not None:
+            torch.cuda.reset_peak_memory_stats(self.device)
         start = time.perf_counter()
         try:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            if self.device is not None:
+                peak = torch.cuda.max_memory_allocated(self.device) / 2**30
+                self.peaks[name] = max(self.peaks.get(name, 0.0), peak)
 
     def metrics(self) -> dict[str, float]:
-        return {f"time/{name}_s": value for name, value in self.seconds.items()}
+        return {**{f"time/{name}_s": value for name, value in self.seconds.items()},
+                **{f"memory/{name}_peak_gib": value for name, value in self.peaks.items()}}
 
 
 @dataclass(frozen=True)
@@ -202,7 +211,7 @@ class Trainer:
         cfg = self.cfg
         self.log = RunLogger(self.run_dir, self.rank)
         torch.manual_seed(cfg.seed)
-        self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.algo)
+        self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.algo, cfg.model.lora)
         engine_dtype = torch.bfloat16 if cfg.deepspeed.bf16 else None  # the engine holds what the actor holds
         self.engine = RolloutEngine(self.vla.policy, self.actor.device, seed=cfg.seed * 1000 + self.rank,
                                     dtype=engine_dtype)
@@ -258,7 +267,7 @@ class Trainer:
         """One RL step: rollout (with refills), the update (old log-probs recomputed first where configured), the
         weight sync; the next step's resets go out before the update so the simulators reset while the actor trains.
         Returns the step's metrics, its phases timed under `time/`."""
-        timer = PhaseTimer()
+        timer = PhaseTimer(self.actor.device)
         with timer("rollout"):
             batch = self.collect()
         if self.schedule.prefetches_after(self.step):
@@ -456,6 +465,9 @@ class Trainer:
             checkpoint.write_run_config(os.path.join(root, tag), self.cfg.model, self.cfg.algo, self.world)
         path = os.path.join(root, tag, "model.safetensors")
         checkpoint.save_weights(self.actor.policy, path, self.cfg.deepspeed.sync_bucket_mb, self.rank == 0)
+        if self.actor.adapted:  # the adapters alone too, in PEFT's layout
+            checkpoint.save_adapters(self.actor.policy, os.path.join(root, tag), self.cfg.model.lora,
+                                     self.cfg.deepspeed.sync_bucket_mb, self.rank == 0, self.vla.source)
         if self.rank == 0:
             checkpoint.mark_latest(self.run_dir, tag)
 

@@ -40,12 +40,19 @@ def test_sync_copies_exact_weights_and_checksums_agree(actor_and_engine):
     assert weights_checksum(full) == engine.checksum()
 
 
-def test_buckets_respect_the_size_limit(actor_and_engine):
+def test_buckets_respect_the_size_limit_and_keep_modules_whole(actor_and_engine):
+    """A bucket passes the limit only by its last module's further parameters (a module's parameters share a bucket:
+    a LoRA layer's weight and adapters are merged together)."""
     actor, _ = actor_and_engine
     limit_mb = 0.02
+    seen: list[str] = []
     for bucket in gathered_buckets(actor.policy, limit_mb):
         sizes = [t.numel() * t.element_size() for _, t in bucket]
-        assert len(bucket) == 1 or sum(sizes) <= limit_mb * 2**20
+        modules = [name.rsplit(".", 1)[0] for name, _ in bucket]
+        carried = sum(size for i, size in enumerate(sizes) if i and modules[i] == modules[-1] == modules[i - 1])
+        assert len(set(modules)) == 1 or sum(sizes) - carried <= limit_mb * 2**20
+        assert modules[0] not in seen  # no module continues from the bucket before
+        seen += modules
 
 
 def test_checksum_detects_any_difference(actor_and_engine):

@@ -144,6 +144,7 @@ class OFTPolicy(nn.Module):
         self.action_tokenizer = ActionTokenizer(spec.n_bins)
         self.norm_stats = {key: DatasetStats.from_json(s, spec.normalization) for key, s in spec.norm_stats.items()}
         self.preprocessor: dict[str, Any] | None = None  # the checkpoint's preprocessor_config.json, when loaded
+        self.lora_scaling: float | None = None  # set by `lora.add_adapters`
         if init and spec.ordinal_bin_init > 0:
             self._init_ordinal_bins(spec.ordinal_bin_init, zero3_init)
 
@@ -182,6 +183,15 @@ class OFTPolicy(nn.Module):
         with context, torch.no_grad():
             if weight.numel():
                 weight[begin : begin + self.spec.n_bins] += smooth.to(weight.device, weight.dtype)
+
+    def served(self, bucket: list[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
+        """Gathered (name, tensor) of this policy as a rollout engine or a checkpoint holds them: with LoRA adapters
+        each adapted weight merged and the adapters left out (`models/lora.py`), else as they are."""
+        if self.lora_scaling is None:
+            return bucket
+        from vla_scale.models.lora import served
+
+        return served(bucket, self.lora_scaling)
 
     @property
     def num_action_tokens(self) -> int:

@@ -165,10 +165,31 @@ class PretrainedVLA:
                 vla = cls.from_config(model, instructions, env.name)
             except ValueError as err:
                 raise ConfigError(f"model={model.name}: {err}") from err
+        if model.lora.path:
+            try:
+                vla = vla.with_adapters(model.lora.path)
+            except ValueError as err:
+                raise ConfigError(f"model.lora.path={model.lora.path!r}: {err}") from err
         problems = vla.check_env(env)
         if problems:
             raise ConfigError("the policy does not fit the env:\n  - " + "\n  - ".join(problems))
         return vla
+
+    def with_adapters(self, folder: str) -> PretrainedVLA:
+        """This source with a LoRA adapter folder (PEFT layout) merged into every policy it builds (`models/lora.py`);
+        the folder is read now, so a broken one is refused before anything is built."""
+        from vla_scale.models.lora import merge_adapters, read_adapters
+
+        read_adapters(folder)
+        build = self._build
+
+        def merged_build(zero3_init: bool = False) -> OFTPolicy:
+            policy = build(zero3_init)
+            merge_adapters(policy, folder, zero3_init)
+            return policy
+
+        return PretrainedVLA(self.spec, self.tokenizer, self.processor, self.env, merged_build,
+                             f"{self.source} + adapters {folder}")
 
     # ---- the stable surface -----------------------------------------------------------------------------------------
     @property

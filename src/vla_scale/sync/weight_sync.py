@@ -12,7 +12,7 @@ share of the tensors; the shares form one checksum of the whole model (`checksum
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,14 +52,23 @@ def _param_bytes(param: nn.Parameter) -> int:
     return int(numel) * param.element_size()
 
 
-def gathered_buckets(module: nn.Module, bucket_mb: float) -> Iterator[list[tuple[str, Tensor]]]:
-    """Yield lists of (name, full tensor), each at most `bucket_mb` (a larger single tensor is its own bucket).
+def gathered_buckets(module: nn.Module, bucket_mb: float, only: Callable[[str], bool] | None = None
+                     ) -> Iterator[list[tuple[str, Tensor]]]:
+    """Yield lists of (name, full tensor), each at most `bucket_mb` (a larger single module is its own bucket; a
+    module's parameters always share one).
 
     The tensors are valid only until the next item is requested: consumers copy them. Under ZeRO-3 every trainer
     rank must walk the same buckets (each gather is a collective). While the consumer works on one bucket, the next
-    one's all-gather is already in flight (`_FlatGather`), so at most two buckets are gathered at a time.
+    one's all-gather is already in flight (`_FlatGather`), so at most two buckets are gathered at a time. A module
+    with a `served(bucket)` method (the policy: LoRA adapters merged) gets each bucket as it serves it; `only` instead
+    selects parameters by name and yields them as they are.
     """
-    plan = _bucket_plan(module, bucket_mb)
+    for bucket in _gathered(_bucket_plan(module, bucket_mb, only)):
+        serve = getattr(module, "served", None)
+        yield serve(bucket) if only is None and callable(serve) else bucket
+
+
+def _gathered(plan: list[list[tuple[str, nn.Parameter]]]) -> Iterator[list[tuple[str, Tensor]]]:
     ahead: _FlatGather | None = None
     try:
         for i, bucket in enumerate(plan):
@@ -76,14 +85,18 @@ def gathered_buckets(module: nn.Module, bucket_mb: float) -> Iterator[list[tuple
             ahead.work.wait()
 
 
-def _bucket_plan(module: nn.Module, bucket_mb: float) -> list[list[tuple[str, nn.Parameter]]]:
+def _bucket_plan(module: nn.Module, bucket_mb: float, only: Callable[[str], bool] | None = None
+                 ) -> list[list[tuple[str, nn.Parameter]]]:
     if not bucket_mb > 0:
         raise ValueError(f"bucket_mb={bucket_mb} must be > 0 (deepspeed.sync_bucket_mb)")
     limit = bucket_mb * 2**20
     plan: list[list[tuple[str, nn.Parameter]]] = [[]]
     size = 0
     for name, param in module.named_parameters():
-        if plan[-1] and size + _param_bytes(param) > limit:
+        if only is not None and not only(name):
+            continue
+        same_module = bool(plan[-1]) and plan[-1][-1][0].rsplit(".", 1)[0] == name.rsplit(".", 1)[0]
+        if plan[-1] and size + _param_bytes(param) > limit and not same_module:
             plan.append([])
             size = 0
         plan[-1].append((name, param))

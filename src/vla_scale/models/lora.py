@@ -1,0 +1,172 @@
+"""LoRA adapters on the policy's linear layers: the actor trains only them; engines and checkpoints get merged weights.
+
+An adapted `nn.Linear` keeps its name and its (frozen) weight and gains `lora_A` [r, in] and `lora_B` [out, r]:
+y = W x + b + s B A x with s = alpha / r. B starts at zero, so an adapted policy starts as its base. The rollout
+engine runs the merged weight W + s B A (`merged`: float32 arithmetic, rounded once to the weight's dtype): it needs
+no LoRA code, and its fast path stays as it is. Every consumer of gathered weights gets them merged with the adapters
+left out (`OFTPolicy.served`: the weight sync, `model.safetensors` of a checkpoint), so a LoRA run's step folder loads
+as any other policy; the adapters alone go into the same folder in PEFT's layout (`write_adapters`:
+adapter_config.json, adapter_model.safetensors with `base_model.model.<module>.lora_A.weight` keys), the layout of
+OpenVLA-OFT's and RLinf's LoRA checkpoints, which `merge_adapters` reads back into any policy of the same base.
+
+Merged weights travel instead of the adapters because the engine would otherwise need the base weights and the merged
+ones side by side (twice its memory) or merge in place by differences (not bit-exact): at 7B the merged sync moves
+15 GB in ~0.14 s on one H200 (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from vla_scale.config import LORA_ALL_LINEAR, LoraConfig
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+NOT_ADAPTED = ("lm_head",)  # its action rows are what the loss reads: trained or frozen whole, never low-rank
+
+
+class LoRALinear(nn.Linear):
+    """`nn.Linear` plus a low-rank update (`add_adapters` turns a built layer into one, its weight untouched)."""
+
+    lora_A: nn.Parameter
+    lora_B: nn.Parameter
+    lora_scaling: float
+
+    def forward(self, x: Tensor) -> Tensor:
+        low_rank = nn.functional.linear(nn.functional.linear(x, self.lora_A), self.lora_B)
+        return super().forward(x) + low_rank * self.lora_scaling
+
+
+def scaling(lora: LoraConfig) -> float:
+    return lora.alpha / lora.rank
+
+
+def targets(policy: nn.Module, names: list[str]) -> list[tuple[str, nn.Linear]]:
+    """The linear layers `names` select (module docstring), in module order."""
+    chosen = []
+    for path, module in policy.named_modules():
+        last = path.rsplit(".", 1)[-1]
+        if type(module) is nn.Linear and last not in NOT_ADAPTED and (LORA_ALL_LINEAR in names or last in names):
+            chosen.append((path, module))
+    return chosen
+
+
+def add_adapters(policy: nn.Module, lora: LoraConfig) -> list[str]:
+    """Give the layers `lora.target_modules` selects adapters of rank `lora.rank` and freeze every other parameter;
+    returns the adapted layers' names. A: Kaiming-uniform (PEFT's default), B: zeros. Works on a policy built under
+    ZeRO-3 (its weights then are shards: the shapes come from `ds_shape`; DeepSpeed partitions the new parameters when
+    it wraps the model)."""
+    chosen = targets(policy, lora.target_modules)
+    if not chosen:
+        raise ValueError(f"model.lora.target_modules={lora.target_modules} selects no linear layer of this policy")
+    for param in policy.parameters():
+        param.requires_grad_(False)
+    for _, module in chosen:
+        out_features, in_features = getattr(module.weight, "ds_shape", module.weight.shape)
+        device, dtype = module.weight.device, module.weight.dtype
+        a = torch.empty(lora.rank, in_features, device=device, dtype=torch.float32)
+        nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+        module.__class__ = LoRALinear
+        module.lora_A = nn.Parameter(a.to(dtype))
+        module.lora_B = nn.Parameter(torch.zeros(out_features, lora.rank, device=device, dtype=dtype))
+        module.lora_scaling = scaling(lora)
+    policy.lora_scaling = scaling(lora)
+    return [name for name, _ in chosen]
+
+
+def merged(weight: Tensor, a: Tensor, b: Tensor, scale: float) -> Tensor:
+    """W + scale * B A, computed in float32 and rounded once to W's dtype."""
+    return (weight.float() + scale * (b.float() @ a.float())).to(weight.dtype)
+
+
+def is_adapter(name: str) -> bool:
+    return name.endswith((".lora_A", ".lora_B"))
+
+
+def served(bucket: list[tuple[str, Tensor]], scale: float) -> list[tuple[str, Tensor]]:
+    """Gathered (name, tensor) of a policy with adapters -> as a plain policy holds them: each adapted weight merged,
+    the adapters left out. A layer's weight and adapters must be in the same bucket (the sync keeps a module's
+    parameters together)."""
+    factors = {name: t for name, t in bucket if is_adapter(name)}
+    out = []
+    for name, tensor in bucket:
+        if is_adapter(name):
+            continue
+        layer = name.removesuffix(".weight")
+        if f"{layer}.lora_A" in factors:
+            tensor = merged(tensor, factors[f"{layer}.lora_A"], factors[f"{layer}.lora_B"], scale)
+        out.append((name, tensor))
+    return out
+
+
+def write_adapters(folder: str, adapters: dict[str, Tensor], lora: LoraConfig, base: str = "") -> None:
+    """The adapters alone, in PEFT's layout (module docstring); `adapters` by our parameter names."""
+    os.makedirs(folder, exist_ok=True)
+    tensors = {f"{PEFT_PREFIX}{name}.weight": t.detach().cpu().contiguous() for name, t in adapters.items()}
+    save_file(tensors, os.path.join(folder, ADAPTER_WEIGHTS))
+    layers = sorted({name.rsplit(".", 2)[-2] for name in adapters})
+    config = {"peft_type": "LORA", "r": lora.rank, "lora_alpha": lora.alpha, "target_modules": layers,
+              "lora_dropout": 0.0, "bias": "none", "use_rslora": False, "base_model_name_or_path": base}
+    with open(os.path.join(folder, ADAPTER_CONFIG), "w") as f:
+        json.dump(config, f, indent=1)
+
+
+def read_adapters(folder: str) -> tuple[dict[str, tuple[Tensor, Tensor]], float]:
+    """{layer name: (A, B)} and the scale of an adapter folder in PEFT's layout (ours, OpenVLA-OFT's, RLinf's)."""
+    config_path, weights_path = os.path.join(folder, ADAPTER_CONFIG), os.path.join(folder, ADAPTER_WEIGHTS)
+    try:
+        with open(config_path) as f:
+            config = json.load(f)
+        tensors = load_file(weights_path)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{folder} is not a readable adapter folder ({err}): it needs {ADAPTER_CONFIG} and "
+                         f"{ADAPTER_WEIGHTS}") from err
+    if config.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"{config_path}: peft_type {config.get('peft_type')!r} is not LORA")
+    rank, alpha = int(config["r"]), float(config["lora_alpha"])
+    scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    pairs: dict[str, tuple[Tensor, Tensor]] = {}
+    for key, tensor in tensors.items():
+        if ".lora_A." in key:
+            layer = key.removeprefix(PEFT_PREFIX).split(".lora_A.")[0]
+            b_key = key.replace(".lora_A.", ".lora_B.")
+            if b_key not in tensors:
+                raise ValueError(f"{weights_path}: {key} has no {b_key}")
+            pairs[layer] = (tensor, tensors[b_key])
+    if not pairs:
+        raise ValueError(f"{weights_path} holds no lora_A/lora_B tensors")
+    return pairs, scale
+
+
+def merge_adapters(policy: nn.Module, folder: str, zero3: bool = False) -> int:
+    """Merge an adapter folder into `policy`'s weights in place (ZeRO-3: each weight gathered on rank 0, then spread);
+    returns how many layers changed. A layer it names that the policy lacks, or of another shape, is an error."""
+    pairs, scale = read_adapters(folder)
+    modules = dict(policy.named_modules())
+    for layer, (a, b) in pairs.items():
+        module = modules.get(layer)
+        if not isinstance(module, nn.Linear):
+            raise ValueError(f"{folder}: adapter for {layer!r}, which is no linear layer of this policy (another "
+                             "base model?)")
+        shape = tuple(getattr(module.weight, "ds_shape", module.weight.shape))
+        if shape != (b.shape[0], a.shape[1]):
+            raise ValueError(f"{folder}: adapter for {layer} is {b.shape[0]}x{a.shape[1]}, the layer {shape}")
+        if zero3:
+            import deepspeed
+
+            context = deepspeed.zero.GatheredParameters([module.weight], modifier_rank=0)
+        else:
+            context = contextlib.nullcontext()
+        with context, torch.no_grad():
+            if module.weight.numel():
+                module.weight.copy_(merged(module.weight, a.to(module.weight.device), b.to(module.weight.device),
+                                           scale))
+    return len(pairs)
