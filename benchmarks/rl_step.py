@@ -90,6 +90,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--rollout-sweep", type=float, nargs="*", default=None, metavar="SIM_MS",
                    help="rollouts only (no update), at each of these simulator costs (CPU ms per env step): ours at "
                         "S = 1 and --stages against the anchors' way")
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="train LoRA adapters of this rank (model.lora.rank; both ways), 0: full-parameter")
+    p.add_argument("--only-ours", action="store_true", help="our way only (no anchors' steps, no speedups)")
     p.add_argument("--update-sweep", type=int, nargs="*", default=None, metavar="SAMPLES",
                    help="after the warm-up steps, only our update alone at each of these micro-batch sizes")
     p.add_argument("--dry-run", action="store_true", help="CPU, small batch: check the script end to end")
@@ -104,7 +107,7 @@ def trainer_config(args: argparse.Namespace, substeps: int) -> Config:
     episodes = args.groups * args.group_size
     samples = episodes * -(-args.max_steps // 8)
     overrides = [
-        f"model={args.model}", "model.proprio_dim=4",  # the reach task's proprio
+        f"model={args.model}", "model.proprio_dim=4", f"model.lora.rank={args.lora_rank}",  # the reach task's proprio
         "algo=grpo", f"algo.batch_size={args.groups}", f"algo.group_size={args.group_size}",
         "algo.mini_batches=1", f"algo.micro_batches={max(1, samples // args.micro_batch)}",
         "algo.old_logprobs=recompute", "algo.old_logprobs_from_update=true", "deepspeed.stream_optimizer_states=true",
@@ -142,6 +145,15 @@ def use_update_settings(trainer, cfg: Config) -> None:
     trainer.cfg = cfg
     trainer.memory = ColocatedMemory(trainer.actor, trainer.engine, cfg.deepspeed)
     trainer.actor.configure(cfg.deepspeed, cfg.algo)
+    if cfg.deepspeed.offload_states_during_rollout:  # where a step of these settings finds them: off the GPU
+        trainer.actor.offload_states()
+
+
+def passes(cfg: Config) -> float:
+    """Forward-equivalents of model FLOPs per sample in an update: forward + backward through activations and
+    weights (3); with LoRA the frozen weights get no gradients (2). Checkpointing's recomputed forward is not
+    counted: it is not useful work."""
+    return 2.0 if cfg.model.lora.rank else 3.0
 
 
 def cap_memory(gib: float) -> str:
@@ -389,7 +401,7 @@ def update_sweep(trainer, cfg: Config, sizes: list[int], flops: float, rate: flo
         use_update_settings(trainer, replace(cfg, algo=replace(cfg.algo, micro_batches=count)))
         try:
             seconds, peak = update_alone(trainer)
-            lines.append(f"| {size} | {count} | {seconds:.1f} | {3 * flops * samples / seconds / rate:.1%} | "
+            lines.append(f"| {size} | {count} | {seconds:.1f} | {passes(cfg) * flops * samples / seconds / rate:.1%} | "
                          f"{peak:.1f} |")
         except torch.OutOfMemoryError:
             lines.append(f"| {size} | {count} | out of memory | | |")
@@ -461,7 +473,7 @@ def main() -> None:
     ours_fleet, ours_loop = trainer.fleet, trainer.loop
     anchor_env = replace(cfg.env, rollout=RolloutConfig(pipeline_stage_num=1))
     samples_per_step = cfg.algo.batch_size * cfg.algo.group_size * trainer.max_chunks
-    for way in ("ours", "anchors"):
+    for way in ("ours",) if args.only_ours else ("ours", "anchors"):
         if way == "anchors":
             if cap:
                 print(cap_memory(0) + " (the anchors' way)", flush=True)
@@ -482,7 +494,7 @@ def main() -> None:
                 if not flops:
                     flops = forward_flops(trainer)
                 m["update_only_s"] = m["time/update_s"] - m["time/recompute_s"]
-                m["update_mfu"] = 3 * flops * m["train/samples"] / m["update_only_s"] / rate
+                m["update_mfu"] = passes(cfg) * flops * m["train/samples"] / m["update_only_s"] / rate
                 m["decode_s"] = m["rollout/decode_utilisation"] * m["time/rollout_s"]
                 m["sim_busy_s"] = m["rollout/env_utilisation"] * m["time/rollout_s"]
                 m["sim_idle_s"] = m["rollout/env_wait_s"] / trainer.fleet.num_procs
@@ -496,7 +508,7 @@ def main() -> None:
         print(cap_memory(args.memory_gib) + " (our update alone)", flush=True)
     alone_s, _ = update_alone(trainer)
     samples = float(sum(len(t) for g in trainer.last_batch.groups for t in g))
-    alone_mfu = 3 * flops * samples / alone_s / rate
+    alone_mfu = passes(cfg) * flops * samples / alone_s / rate
     trainer.close()
 
     ours = [r for r in rows if r["way"] == "ours"]
@@ -505,17 +517,19 @@ def main() -> None:
     def mean(rs: list[dict], key: str) -> float:
         return float(np.mean([r[key] for r in rs]))
 
-    step_speedup = mean(anchors, "step_s") / mean(ours, "step_s")
-    rollout_speedup = mean(anchors, "time/rollout_s") / mean(ours, "time/rollout_s")
+    step_speedup = mean(anchors, "step_s") / mean(ours, "step_s") if anchors else float("nan")
+    rollout_speedup = mean(anchors, "time/rollout_s") / mean(ours, "time/rollout_s") if anchors else float("nan")
     update_mfu = mean(ours, "update_mfu")
     peak = max(r["peak_gib"] for r in ours)
     print("\n" + table(rows))
-    print(f"\nforward {flops / 1e12:.3f} TFLOP per sample; update FLOPs = 3 x forward x samples; MFU against "
+    print(f"\nforward {flops / 1e12:.3f} TFLOP per sample; update FLOPs = {passes(cfg):g} x forward x samples; MFU "
+          "against "
           f"{rate / 1e12:.1f} TFLOP/s (this run's {'8192^3 bf16' if device.type == 'cuda' else '512^3 fp32'} matmul)")
     print(f"update alone on the last step's {samples:.0f} samples: {alone_s:.1f}s, MFU {alone_mfu:.1%}; inside the "
           f"loop (ours, mean): {update_mfu:.1%} ({update_mfu / alone_mfu:.2f} of alone)")
-    print(f"step_speedup = {mean(anchors, 'step_s'):.1f} / {mean(ours, 'step_s'):.1f}; rollout_speedup = "
-          f"{mean(anchors, 'time/rollout_s'):.1f} / {mean(ours, 'time/rollout_s'):.1f}")
+    if anchors:
+        print(f"step_speedup = {mean(anchors, 'step_s'):.1f} / {mean(ours, 'step_s'):.1f}; rollout_speedup = "
+              f"{mean(anchors, 'time/rollout_s'):.1f} / {mean(ours, 'time/rollout_s'):.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "setup_s": setup_s, "substeps": substeps, "matmul_flops": rate,

@@ -92,7 +92,8 @@ def load_run_weights(policy: torch.nn.Module, weights: str, model: ModelConfig) 
 
     saved, _ = checkpoint.read_json(os.path.join(os.path.dirname(weights), checkpoint.RUN_CONFIG))
     if saved is not None:
-        differences = checkpoint.config_differences(saved["model"], "model", model)
+        # a LoRA run's model.safetensors holds merged weights: its adapters' settings do not matter here
+        differences = checkpoint.config_differences(saved["model"], "model", model, ("checkpoint", "lora"))
         if differences:
             raise ConfigError(f"{weights} was trained with another model:\n  - " + "\n  - ".join(differences))
     try:

@@ -12,16 +12,31 @@ from conftest import script_env
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_rl_step_dry_run_prints_both_ways_and_the_last_line():
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rl_step.py"), "--model", "tiny", "--dry-run"],
-                          cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=300)
+def rl_step(*args: str) -> list[str]:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rl_step.py"), "--model", "tiny", "--dry-run",
+                           *args], cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    lines = proc.stdout.strip().splitlines()
+    return proc.stdout.strip().splitlines()
+
+
+def test_rl_step_dry_run_prints_both_ways_and_the_last_line():
+    lines = rl_step("--memory-gib", "80", "--micro-batch", "4")
     assert re.fullmatch(r"rl_step: step_speedup=\d+\.\d\d rollout_speedup=\d+\.\d\d update_mfu=\d+\.\d\d "
                         r"peak_gib=(nan|\d+\.\d)", lines[-1]), lines[-1]
     rows = [line for line in lines if line.startswith(("| ours |", "| anchors |"))]
     assert {row.split("|")[1].strip() for row in rows} == {"ours", "anchors"}
-    assert "update alone on the last step's" in proc.stdout
+    assert any("| rollout GiB | update GiB | sync GiB | peak GiB |" in line for line in lines)
+    assert any("update alone on the last step's" in line for line in lines)
+    assert any("no GPU: no memory cap" in line for line in lines)
+
+
+def test_rl_step_dry_runs_of_lora_and_the_update_sweep():
+    lines = rl_step("--lora-rank", "4", "--only-ours")
+    assert re.fullmatch(r"rl_step: step_speedup=nan rollout_speedup=nan update_mfu=\d+\.\d\d peak_gib=nan", lines[-1])
+    assert any("update FLOPs = 2 x forward" in line for line in lines)  # no weight gradients of the frozen base
+    lines = rl_step("--update-sweep", "4", "8")
+    assert lines[-2:] == [line for line in lines[-2:] if re.fullmatch(r"\| [48] \| [24] \| \d+\.\d \| .*", line)]
+    assert len(lines[-2:]) == 2 and lines[-3] == "|---|---|---|---|---|"
 
 
 def test_rl_step_rollout_sweep_dry_run_prints_every_cost_and_way():

@@ -149,13 +149,14 @@ def read_json(path: str) -> tuple[Any, str]:
                      "earlier step or start a new run_dir"
 
 
-def config_differences(saved: dict[str, Any], group: str, now: Any) -> list[str]:
-    """One line per field of `now` (a config dataclass) that differs from `saved` (that group as JSON);
-    `checkpoint` (where initial weights came from) may move."""
+def config_differences(saved: dict[str, Any], group: str, now: Any, may_differ: tuple[str, ...] = ("checkpoint",)
+                       ) -> list[str]:
+    """One line per field of `now` (a config dataclass) that differs from `saved` (that group as JSON); fields in
+    `may_differ` are not compared (`checkpoint`, where initial weights came from, may move)."""
     return [f"{group}.{key}={_plain(value)!r} but the run trained with {saved[key]!r}: use {group}.{key}="
             f"{saved[key]!r}, or start a new run_dir"
             for key, value in dataclasses.asdict(now).items()
-            if key != "checkpoint" and key in saved and saved[key] != _plain(value)]
+            if key not in may_differ and key in saved and saved[key] != _plain(value)]
 
 
 def resume_problems(run_dir: str, model: Any, algo: Any, ranks: int) -> list[str]:

@@ -133,8 +133,8 @@ def test_bad_lora_settings_and_folders_are_refused_by_name(tmp_path, tiny_config
     with pytest.raises(ValueError, match="not a readable adapter folder"):
         read_adapters(str(tmp_path))
     policy = build_policy(CFG, TOK)
-    write_adapters(str(tmp_path / "other"), {"language_model.model.layers.0.self_attn.q_proj.lora_A": torch.ones(2, 9),
-                                             "language_model.model.layers.0.self_attn.q_proj.lora_B": torch.ones(32, 2)},
+    q = "language_model.model.layers.0.self_attn.q_proj"
+    write_adapters(str(tmp_path / "other"), {f"{q}.lora_A": torch.ones(2, 9), f"{q}.lora_B": torch.ones(32, 2)},
                    LoraConfig(rank=2))
     with pytest.raises(ValueError, match="is 32x9, the layer"):
         merge_adapters(policy, str(tmp_path / "other"))
