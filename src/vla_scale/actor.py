@@ -179,12 +179,14 @@ class Actor:
         """`build(zero3_init)` constructs the policy; it is called inside `deepspeed.zero.Init` for ZeRO-3. With
         `lora.rank` > 0 the policy gets adapters and only they train (`models/lora.py`)."""
         self.ds_config = deepspeed_config(ds, algo)
+        adapt = lora is not None and lora.rank > 0
         if ds.zero_stage == 3:
             with deepspeed.zero.Init(config_dict_or_path=self.ds_config):
                 policy = build(True)
+                self.adapted = add_adapters(policy, lora) if adapt else []  # built as shards too
         else:
             policy = build(False)
-        self.adapted = add_adapters(policy, lora) if lora is not None and lora.rank > 0 else []
+            self.adapted = add_adapters(policy, lora) if adapt else []
         if ds.activation_checkpointing:
             lm = policy.language_model  # transformers renamed it in 5.x; older images have only the first name
             enable = getattr(lm, "activation_checkpointing_enable", None) or lm.gradient_checkpointing_enable

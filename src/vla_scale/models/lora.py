@@ -1,7 +1,9 @@
 """LoRA adapters on the policy's linear layers: the actor trains only them; engines and checkpoints get merged weights.
 
-An adapted `nn.Linear` keeps its name and its (frozen) weight and gains `lora_A` [r, in] and `lora_B` [out, r]:
-y = W x + b + s B A x with s = alpha / r. B starts at zero, so an adapted policy starts as its base. The rollout
+An adapted `nn.Linear` keeps its name and its (frozen) weight and gains two child layers, `lora_A` (weight [r, in])
+and `lora_B` (weight [out, r]), PEFT's names: y = W x + b + s B A x with s = alpha / r. Child modules rather than
+bare parameters, so that ZeRO-3 builds them under `zero.Init` and gathers them like any layer (also inside a
+checkpointed block's recompute). B starts at zero, so an adapted policy starts as its base. The rollout
 engine runs the merged weight W + s B A (`merged`: float32 arithmetic, rounded once to the weight's dtype): it needs
 no LoRA code, and its fast path stays as it is. Every consumer of gathered weights gets them merged with the adapters
 left out (`OFTPolicy.served`: the weight sync, `model.safetensors` of a checkpoint), so a LoRA run's step folder loads
@@ -33,16 +35,29 @@ PEFT_PREFIX = "base_model.model."
 NOT_ADAPTED = ("lm_head",)  # its action rows are what the loss reads: trained or frozen whole, never low-rank
 
 
+class LoRAFactor(nn.Module):
+    """One factor of an adapter: a bias-free linear map, Kaiming-uniform (A, PEFT's default) or zero (B) at init."""
+
+    def __init__(self, in_features: int, out_features: int, zero: bool, device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        weight = torch.zeros(out_features, in_features, device=device, dtype=torch.float32)
+        if not zero:
+            nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+        self.weight = nn.Parameter(weight.to(dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return nn.functional.linear(x, self.weight)
+
+
 class LoRALinear(nn.Linear):
     """`nn.Linear` plus a low-rank update (`add_adapters` turns a built layer into one, its weight untouched)."""
 
-    lora_A: nn.Parameter
-    lora_B: nn.Parameter
+    lora_A: LoRAFactor
+    lora_B: LoRAFactor
     lora_scaling: float
 
     def forward(self, x: Tensor) -> Tensor:
-        low_rank = nn.functional.linear(nn.functional.linear(x, self.lora_A), self.lora_B)
-        return super().forward(x) + low_rank * self.lora_scaling
+        return super().forward(x) + self.lora_B(self.lora_A(x)) * self.lora_scaling
 
 
 def scaling(lora: LoraConfig) -> float:
@@ -61,9 +76,8 @@ def targets(policy: nn.Module, names: list[str]) -> list[tuple[str, nn.Linear]]:
 
 def add_adapters(policy: nn.Module, lora: LoraConfig) -> list[str]:
     """Give the layers `lora.target_modules` selects adapters of rank `lora.rank` and freeze every other parameter;
-    returns the adapted layers' names. A: Kaiming-uniform (PEFT's default), B: zeros. Works on a policy built under
-    ZeRO-3 (its weights then are shards: the shapes come from `ds_shape`; DeepSpeed partitions the new parameters when
-    it wraps the model)."""
+    returns the adapted layers' names. Under ZeRO-3 call it inside the `zero.Init` the policy was built in (its
+    weights then are shards: the shapes come from `ds_shape`), so the adapters are built as shards too."""
     chosen = targets(policy, lora.target_modules)
     if not chosen:
         raise ValueError(f"model.lora.target_modules={lora.target_modules} selects no linear layer of this policy")
@@ -72,14 +86,26 @@ def add_adapters(policy: nn.Module, lora: LoraConfig) -> list[str]:
     for _, module in chosen:
         out_features, in_features = getattr(module.weight, "ds_shape", module.weight.shape)
         device, dtype = module.weight.device, module.weight.dtype
-        a = torch.empty(lora.rank, in_features, device=device, dtype=torch.float32)
-        nn.init.kaiming_uniform_(a, a=math.sqrt(5))
         module.__class__ = LoRALinear
-        module.lora_A = nn.Parameter(a.to(dtype))
-        module.lora_B = nn.Parameter(torch.zeros(out_features, lora.rank, device=device, dtype=dtype))
+        module.lora_A = LoRAFactor(in_features, lora.rank, False, device, dtype)
+        module.lora_B = LoRAFactor(lora.rank, out_features, True, device, dtype)
         module.lora_scaling = scaling(lora)
     policy.lora_scaling = scaling(lora)
+    _inputs_require_grad(policy)
     return [name for name, _ in chosen]
+
+
+def _inputs_require_grad(policy: nn.Module) -> None:
+    """Mark what the frozen entry layers (the towers' patch embeddings, the token embeddings) output as needing
+    gradients. With the whole base frozen nothing upstream of the first adapter would, and ZeRO-3 re-gathers a
+    block's weights for the backward pass (and activation checkpointing recomputes it) only where its inputs carry
+    gradients: the backward through the frozen weights then finds them released."""
+    def require_grad(_module: nn.Module, _inputs: object, output: Tensor) -> Tensor:
+        return output.requires_grad_(True) if torch.is_grad_enabled() and not output.requires_grad else output
+
+    for name, module in policy.named_modules():
+        if name.endswith("patch_embed") or isinstance(module, nn.Embedding):
+            module.register_forward_hook(require_grad)
 
 
 def merged(weight: Tensor, a: Tensor, b: Tensor, scale: float) -> Tensor:
@@ -88,21 +114,21 @@ def merged(weight: Tensor, a: Tensor, b: Tensor, scale: float) -> Tensor:
 
 
 def is_adapter(name: str) -> bool:
-    return name.endswith((".lora_A", ".lora_B"))
+    return name.endswith((".lora_A.weight", ".lora_B.weight"))
 
 
 def served(bucket: list[tuple[str, Tensor]], scale: float) -> list[tuple[str, Tensor]]:
     """Gathered (name, tensor) of a policy with adapters -> as a plain policy holds them: each adapted weight merged,
-    the adapters left out. A layer's weight and adapters must be in the same bucket (the sync keeps a module's
-    parameters together)."""
+    the adapters left out. A layer's weight and adapters must be in the same bucket (the sync keeps a layer's
+    parameters and its adapters' together)."""
     factors = {name: t for name, t in bucket if is_adapter(name)}
     out = []
     for name, tensor in bucket:
         if is_adapter(name):
             continue
         layer = name.removesuffix(".weight")
-        if f"{layer}.lora_A" in factors:
-            tensor = merged(tensor, factors[f"{layer}.lora_A"], factors[f"{layer}.lora_B"], scale)
+        if f"{layer}.lora_A.weight" in factors:
+            tensor = merged(tensor, factors[f"{layer}.lora_A.weight"], factors[f"{layer}.lora_B.weight"], scale)
         out.append((name, tensor))
     return out
 
@@ -110,9 +136,9 @@ def served(bucket: list[tuple[str, Tensor]], scale: float) -> list[tuple[str, Te
 def write_adapters(folder: str, adapters: dict[str, Tensor], lora: LoraConfig, base: str = "") -> None:
     """The adapters alone, in PEFT's layout (module docstring); `adapters` by our parameter names."""
     os.makedirs(folder, exist_ok=True)
-    tensors = {f"{PEFT_PREFIX}{name}.weight": t.detach().cpu().contiguous() for name, t in adapters.items()}
+    tensors = {f"{PEFT_PREFIX}{name}": t.detach().cpu().contiguous() for name, t in adapters.items()}
     save_file(tensors, os.path.join(folder, ADAPTER_WEIGHTS))
-    layers = sorted({name.rsplit(".", 2)[-2] for name in adapters})
+    layers = sorted({name.rsplit(".", 3)[-3] for name in adapters})
     config = {"peft_type": "LORA", "r": lora.rank, "lora_alpha": lora.alpha, "target_modules": layers,
               "lora_dropout": 0.0, "bias": "none", "use_rslora": False, "base_model_name_or_path": base}
     with open(os.path.join(folder, ADAPTER_CONFIG), "w") as f:

@@ -54,8 +54,8 @@ def _param_bytes(param: nn.Parameter) -> int:
 
 def gathered_buckets(module: nn.Module, bucket_mb: float, only: Callable[[str], bool] | None = None
                      ) -> Iterator[list[tuple[str, Tensor]]]:
-    """Yield lists of (name, full tensor), each at most `bucket_mb` (a larger single module is its own bucket; a
-    module's parameters always share one).
+    """Yield lists of (name, full tensor), each at most `bucket_mb` (a larger single layer is its own bucket; a
+    layer's parameters, its LoRA adapters' included, always share one).
 
     The tensors are valid only until the next item is requested: consumers copy them. Under ZeRO-3 every trainer
     rank must walk the same buckets (each gather is a collective). While the consumer works on one bucket, the next
@@ -95,13 +95,20 @@ def _bucket_plan(module: nn.Module, bucket_mb: float, only: Callable[[str], bool
     for name, param in module.named_parameters():
         if only is not None and not only(name):
             continue
-        same_module = bool(plan[-1]) and plan[-1][-1][0].rsplit(".", 1)[0] == name.rsplit(".", 1)[0]
-        if plan[-1] and size + _param_bytes(param) > limit and not same_module:
+        same_layer = bool(plan[-1]) and _layer(plan[-1][-1][0]) == _layer(name)
+        if plan[-1] and size + _param_bytes(param) > limit and not same_layer:
             plan.append([])
             size = 0
         plan[-1].append((name, param))
         size += _param_bytes(param)
     return plan if plan[-1] else []
+
+
+def _layer(name: str) -> str:
+    """The layer a parameter belongs to, whose parameters share a bucket: its module's, where a LoRA factor
+    (`<layer>.lora_A.weight`) counts as its layer's (the policy serves them merged into the layer's weight)."""
+    module = name.rsplit(".", 1)[0]
+    return module.removesuffix(".lora_A").removesuffix(".lora_B")
 
 
 def _start(bucket: list[tuple[str, nn.Parameter]]) -> _FlatGather | Iterator[list[tuple[str, Tensor]]]:
