@@ -17,7 +17,7 @@ setup(
         "hydra-core==1.3.8",
         "omegaconf==2.3.1",
         "tensorboard==2.21.0",
-        "mujoco==3.3.7",
+        "mujoco==3.3.2",
         "numpy==2.4.6",
         "tqdm==4.70.1",
         "ninja==1.13.2",

@@ -149,6 +149,10 @@ class LiberoConfig:
     official evaluation renders); 1024 takes ~0.5 GiB less per simulator, images within 2 intensity levels."""
     scenes: str = "per_episode"
     """Fixture layouts: per_episode (seeded by task and init state) or official (OFT's eval episode k scenes)."""
+    mujoco: str = "3.3.2"
+    """The MuJoCo release LIBERO must run under: the one whose renders match the data public LIBERO checkpoints were
+    trained on (from 3.3.3 LIBERO-Object's floors render darker; from 3.4.0 libero_spatial task 5's bowl no longer
+    settles on the ramekin). Another installed release is refused; name it here to run it anyway."""
 
     def simulator_kwargs(self) -> dict[str, Any]:
         return {"settle_steps": self.settle_steps, "assets_path": self.assets or None,
@@ -167,6 +171,13 @@ class LiberoConfig:
             resolve_assets(self.assets or None)
         except LiberoNotInstalled as err:
             problems.append(str(err))
+        import mujoco
+
+        if mujoco.__version__ != self.mujoco:
+            problems.append(f"MuJoCo {mujoco.__version__} is installed but LIBERO runs under MuJoCo {self.mujoco} "
+                            "here (other releases render LIBERO's scenes unlike the data public checkpoints were "
+                            f"trained on): install mujoco=={self.mujoco} (`make libero` does), or set "
+                            f"env.libero.mujoco={mujoco.__version__} to run this one anyway")
         return problems
 
 

@@ -6,8 +6,9 @@ The simulator-backed checks share module fixtures, each one or two fresh process
 the first two, ~25-30 s each for the last two): two `SimProcess`es that play one task of every suite; one process
 that plays a task to success, counts renders, runs gymnasium's `check_env` and compares a soft reset with a rebuilt
 scene; one that runs the official loop (`env.seed(0)`, hard resets) next to `scenes="official"`; one that compares
-the observations of a reset and of each chunk with the official pipeline's recorded ones, images bit for bit
-(`shared/fixtures/oft_libero_pipeline`, skipped where it is absent).
+the observations of a reset and of each chunk with LIBERO's own env driven as OpenVLA-OFT's evaluation drives it,
+live, images bit for bit; one that checks what the pinned MuJoCo renders and settles (LIBERO-Object's light floor,
+libero_spatial task 5's bowl on its ramekin).
 """
 
 from __future__ import annotations
@@ -45,8 +46,6 @@ CHUNK = 8
 BOOT_TIMEOUT_S = 240.0  # interpreter start, LIBERO import and the first scene build, on a busy machine
 # one task per suite, spread over two processes so both cores work; (suite, task id)
 PLAN = [[("libero_spatial", 3), ("libero_goal", 5), ("libero_90", 42)], [("libero_object", 7), ("libero_10", 1)]]
-OFT_LIBERO_FIXTURE = Path(os.environ.get("VLA_SCALE_OFT_LIBERO_FIXTURE",
-                                         ROOT.parent / "shared" / "fixtures" / "oft_libero_pipeline"))
 
 
 # ---- no simulator -------------------------------------------------------------------------------------------------
@@ -405,79 +404,97 @@ def test_official_scenes_are_those_of_the_official_loop(official_loop: dict) -> 
     assert not official_loop["naive_soft_reset_matches"]  # the soft reset alone would not draw what a rebuild does
 
 
-# case 0 of the fixture is the official episode 0 of its task; the other cases are each the first episode of a fresh
-# env (scene 0) with another init state
-REFERENCE = textwrap.dedent("""
-    import json, sys, time
+# LIBERO's own env driven the way OpenVLA-OFT's evaluation drives it (`OffScreenRenderEnv` at 256 px, `env.seed(0)`,
+# reset, `set_init_state`, 10 no-op steps, then the actions; images rotated 180 degrees, the 8-D state of eef position,
+# axis-angle and gripper joints), live beside ours: episode 0 of libero_spatial task 5, and the first episode of a
+# fresh env with another task and init state (our scene 0). The actions are fixed pseudo-random chunks.
+LIVE_OFFICIAL = textwrap.dedent("""
+    import json, time
     import numpy as np
-    from vla_scale.envs.libero import LiberoEnv
+    from robosuite.utils.transform_utils import quat2axisangle
+    from vla_scale.envs import libero_install
+    from vla_scale.envs.libero import NOOP_ACTION, LiberoEnv, load_init_states, task_names
     from vla_scale.envs.types import TaskSpec
 
-    ref = np.load(sys.argv[1])
-    chunks = ref["env_actions"].shape[1]
+    RES, SETTLE, CHUNKS = 256, 10, 3
+    rng = np.random.default_rng(0)
+    actions = np.concatenate([rng.uniform(-0.5, 0.5, (CHUNKS, 8, 6)), np.sign(rng.uniform(-1, 1, (CHUNKS, 8, 1)))], 2)
+    libero_install.ensure_config()
+    from libero.libero.envs import OffScreenRenderEnv
+
+    def official_view(obs):
+        state = np.concatenate([obs["robot0_eef_pos"], quat2axisangle(obs["robot0_eef_quat"]),
+                                obs["robot0_gripper_qpos"]])
+        return {"agentview": obs["agentview_image"][::-1, ::-1], "wrist": obs["robot0_eye_in_hand_image"][::-1, ::-1],
+                "state": state}
+
+    def official_episode(suite, task, k, chunks):
+        bddl = libero_install.benchmark_root() / "bddl_files" / suite / f"{task_names(suite)[task]}.bddl"
+        env = OffScreenRenderEnv(bddl_file_name=str(bddl), camera_heights=RES, camera_widths=RES)
+        env.seed(0)
+        env.reset()
+        env.set_init_state(load_init_states(suite, task)[k])
+        for _ in range(SETTLE):
+            obs, *_ = env.step(list(NOOP_ACTION))
+        seen = [official_view(obs)]
+        for chunk in actions[:chunks]:
+            for action in chunk:
+                obs, *_ = env.step(list(action))
+            seen.append(official_view(obs))
+        env.close()
+        return seen
 
     def diff(a, b):
         d = np.abs(a.astype(np.int16) - b.astype(np.int16))
         return [float(d.mean()), int(d.max())]
 
-    def against(obs, case, k):
-        return {"agentview": diff(obs.images["agentview"], ref["obs_agentview"][case, k]),
-                "wrist": diff(obs.images["wrist"], ref["obs_wrist"][case, k]),
-                "state": float(np.abs(obs.proprio - ref["state"][case, k]).max()), "dtype": str(obs.proprio.dtype)}
-
-    def chunks_of_case0(env):  # after chunk k: the fixture's obs k+1 (recorded for k < chunks - 1) and step state
-        out = []
-        for k in range(chunks):
-            obs = env.step(ref["env_actions"][0, k]).observation
-            after = {"step_state": float(np.abs(obs.proprio - ref["step_state"][0, k, -1]).max())}
-            out.append({**after, **(against(obs, 0, k + 1) if k + 1 < chunks else {})})
-        return out
+    def against(obs, official):
+        return {"agentview": diff(obs.images["agentview"], official["agentview"]),
+                "wrist": diff(obs.images["wrist"], official["wrist"]),
+                "state": float(np.abs(obs.proprio - official["state"]).max()), "dtype": str(obs.proprio.dtype)}
 
     def same(a, b):
         return all(np.array_equal(a.images[c], b.images[c]) for c in a.images) and np.array_equal(a.proprio, b.proprio)
 
-    def spec(case, k):
-        return TaskSpec(str(ref["suite"][case]), int(ref["task_id"][case]), k)
-
+    case0, case4 = ("libero_spatial", 5, 0), ("libero_goal", 1, 6)
+    official0, official4 = official_episode(*case0, CHUNKS), official_episode(*case4, 0)
     out = {}
-    env = LiberoEnv(camera_resolution=256, settle_steps=int(ref["num_steps_wait"]), scenes="official")
-    fresh = env.reset(spec(0, 7))
-    out["official"] = [against(env.reset(spec(0, 0)), 0, 0)]
-    out["steps"] = chunks_of_case0(env)
-    out["case4_scene0"] = against(env._reset(spec(4, int(ref["init_state_id"][4])), scene=0), 4, 0)
-    out["same_after_other_task"] = same(fresh, env.reset(spec(0, 7)))
-    env.reset(spec(0, 3))
-    out["same_after_other_k"] = same(fresh, env.reset(spec(0, 7)))
+    env = LiberoEnv(camera_resolution=RES, settle_steps=SETTLE, scenes="official")
+    fresh = env.reset(TaskSpec(case0[0], case0[1], 7))
+    out["official"] = [against(env.reset(TaskSpec(*case0)), official0[0])]
+    out["steps"] = [against(env.step(chunk).observation, official0[c + 1]) for c, chunk in enumerate(actions)]
+    out["case4_scene0"] = against(env._reset(TaskSpec(*case4), scene=0), official4[0])
+    out["same_after_other_task"] = same(fresh, env.reset(TaskSpec(case0[0], case0[1], 7)))
+    env.reset(TaskSpec(case0[0], case0[1], 3))
+    out["same_after_other_k"] = same(fresh, env.reset(TaskSpec(case0[0], case0[1], 7)))
     start = time.time()
-    env.reset(spec(0, 49))
+    env.reset(TaskSpec(case0[0], case0[1], 49))
     out["t_reset_49"] = time.time() - start
     env.close()
-    per_episode = LiberoEnv(camera_resolution=256, settle_steps=int(ref["num_steps_wait"]))
-    first = per_episode.reset(spec(0, 0))
-    out["per_episode"] = against(first, 0, 0)
-    out["per_episode_steps"] = chunks_of_case0(per_episode)
-    per_episode.reset(spec(0, 1))
-    out["per_episode_same_again"] = same(first, per_episode.reset(spec(0, 0)))
+    per_episode = LiberoEnv(camera_resolution=RES, settle_steps=SETTLE)
+    first = per_episode.reset(TaskSpec(*case0))
+    out["per_episode"] = against(first, official0[0])
+    out["per_episode_steps"] = [against(per_episode.step(chunk).observation, official0[c + 1])
+                                for c, chunk in enumerate(actions)]
+    per_episode.reset(TaskSpec(case0[0], case0[1], 1))
+    out["per_episode_same_again"] = same(first, per_episode.reset(TaskSpec(*case0)))
     print(json.dumps(out))
 """)
 
 
 @pytest.fixture(scope="module")
 def reference() -> dict:
-    if not (OFT_LIBERO_FIXTURE / "reference.npz").exists():
-        pytest.skip(f"official OFT LIBERO pipeline fixture not found at {OFT_LIBERO_FIXTURE}")
-    return _run(REFERENCE, str(OFT_LIBERO_FIXTURE / "reference.npz"))
+    return _run(LIVE_OFFICIAL)
 
 
-# Images: Mesa's llvmpipe through EGL (the renderer the fixture was recorded with) reproduces the official renders bit
-# for bit, so any difference is a timing error: an image rendered one physics substep (2 ms) after robosuite samples
-# its observation differs by ~0.003 levels mean on agentview and ~0.05 on the wrist camera after settling, 0.1-2
-# while the arm moves. Another GL stack renders other pixels. Proprio: float64 as the official state; exact after
-# the reset, ~2e-15 after a chunk (the literal official env on this machine gives the same values).
+# Images: Mesa's llvmpipe through EGL renders what LIBERO's own env renders bit for bit, so any difference is a timing
+# error: an image rendered one physics substep (2 ms) after robosuite samples its observation differs by ~0.003 levels
+# mean on agentview and ~0.05 on the wrist camera after settling, 0.1-2 while the arm moves. Proprio: float64 as the
+# official state; exact after the reset, ~2e-15 after a chunk.
 PROPRIO_ATOL = 1e-12
 
 
-def test_official_scene_matches_the_official_pipelines_first_observation(reference: dict) -> None:
+def test_official_scene_matches_liberos_own_first_observation(reference: dict) -> None:
     official, per_episode = reference["official"][0], reference["per_episode"]
     for first in (official, reference["case4_scene0"]):
         assert first["agentview"] == first["wrist"] == [0.0, 0], first  # the 10th settle step's observation
@@ -487,14 +504,12 @@ def test_official_scene_matches_the_official_pipelines_first_observation(referen
     assert per_episode["agentview"][0] > 0.5, per_episode
 
 
-def test_official_scene_steps_like_the_official_pipeline(reference: dict) -> None:
+def test_official_scene_steps_like_liberos_own_env(reference: dict) -> None:
     for k, step in enumerate(reference["steps"]):  # the observation of each chunk's last step, images included
-        assert step["step_state"] <= PROPRIO_ATOL, (k, step)
-        if "agentview" in step:
-            assert step["agentview"] == step["wrist"] == [0.0, 0], (k, step)
-            assert step["state"] <= PROPRIO_ATOL and step["dtype"] == "float64", (k, step)
+        assert step["agentview"] == step["wrist"] == [0.0, 0], (k, step)
+        assert step["state"] <= PROPRIO_ATOL and step["dtype"] == "float64", (k, step)
     for k, step in enumerate(reference["per_episode_steps"]):  # the robot does not meet the fixtures here
-        assert step["step_state"] <= PROPRIO_ATOL and step.get("dtype", "float64") == "float64", (k, step)
+        assert step["state"] <= PROPRIO_ATOL and step["dtype"] == "float64", (k, step)
 
 
 def test_official_scenes_do_not_depend_on_what_the_simulator_played_before(reference: dict) -> None:
@@ -504,3 +519,54 @@ def test_official_scenes_do_not_depend_on_what_the_simulator_played_before(refer
 
 def test_per_episode_scenes_depend_only_on_the_task_spec(reference: dict) -> None:
     assert reference["per_episode_same_again"]
+
+
+# What the pinned MuJoCo (3.3.2) gives and later releases do not (measured 2026-12-01): LIBERO-Object task 0's floor,
+# the bottom quarter of the 256 px agentview after the settle steps, 175.5 levels mean (119.2 under 3.3.7 and 3.4.0);
+# libero_spatial task 5's bowl resting on the ramekin, 1.5 cm from its centre and 3.5 cm above it (under 3.4.0 it
+# slides 3.4 cm off).
+RENDERING = textwrap.dedent("""
+    import json
+    import numpy as np
+    import mujoco
+    from vla_scale.envs.libero import LiberoEnv
+    from vla_scale.envs.types import TaskSpec
+
+    env = LiberoEnv(camera_resolution=256, settle_steps=10, scenes="official")
+    image = env.reset(TaskSpec("libero_object", 0, 0)).images["agentview"]
+    env.reset(TaskSpec("libero_spatial", 5, 0))
+    sim = env._env.env.sim
+    def xyz(body):
+        return sim.data.body_xpos[sim.model.body_name2id(body)].tolist()
+    print(json.dumps({"mujoco": mujoco.__version__, "image_mean": float(image.mean()),
+                      "floor_mean": float(image[3 * 256 // 4:].mean()), "bowl": xyz("akita_black_bowl_1_main"),
+                      "ramekin": xyz("glazed_rim_porcelain_ramekin_1_main")}))
+""")
+
+
+@pytest.fixture(scope="module")
+def rendering() -> dict:
+    return _run(RENDERING)
+
+
+def test_libero_object_floors_render_as_the_checkpoints_data(rendering: dict) -> None:
+    assert rendering["mujoco"] == "3.3.2"
+    assert 165 < rendering["floor_mean"] < 185 and 130 < rendering["image_mean"] < 150, rendering
+
+
+def test_the_bowl_settles_onto_the_ramekin(rendering: dict) -> None:
+    bowl, ramekin = np.array(rendering["bowl"]), np.array(rendering["ramekin"])
+    assert np.linalg.norm(bowl[:2] - ramekin[:2]) < 0.025, rendering
+    assert 0.02 < bowl[2] - ramekin[2] < 0.05, rendering
+
+
+def test_another_mujoco_is_refused_naming_both_versions_and_the_override() -> None:
+    import mujoco
+
+    from vla_scale.config import LiberoConfig
+
+    problems = LiberoConfig(mujoco="3.1.0").startup_problems()
+    wanted = [p for p in problems if "MuJoCo" in p]
+    assert len(wanted) == 1 and f"MuJoCo {mujoco.__version__} is installed" in wanted[0], problems
+    assert "mujoco==3.1.0" in wanted[0] and f"env.libero.mujoco={mujoco.__version__}" in wanted[0]
+    assert not [p for p in LiberoConfig().startup_problems() if "MuJoCo" in p]  # the pinned one passes

@@ -188,13 +188,15 @@ def oft_gripper_to_libero(actions: np.ndarray, invert: bool = True) -> np.ndarra
 def release_compiler_memory() -> None:
     """Free what MuJoCo keeps after compiling a scene and never uses again: the last XML model it loaded (kept for
     `mj_saveLastXML`: the whole spec with decoded textures and meshes, ~0.4 GB for a LIBERO scene; the Python
-    bindings do not expose `mj_freeLastXML`, so it is called through ctypes) and its asset cache (~0.3 GB, which
-    only speeds up compiling the next scene). Then hands freed heap pages back to the OS."""
+    bindings do not expose `mj_freeLastXML`, so it is called through ctypes) and, in the releases that have one, its
+    asset cache (~0.3 GB under 3.3.7, which only speeds up compiling the next scene). Then hands freed heap pages back
+    to the OS."""
     import mujoco
 
     for library in sorted(Path(mujoco.__file__).parent.glob("libmujoco.so*"))[:1]:  # the one mujoco loaded
         ctypes.CDLL(str(library)).mj_freeLastXML()
-    mujoco.mj_clearCache(mujoco.mj_getCache())
+    if hasattr(mujoco, "mj_clearCache"):  # not in the pinned 3.3.2
+        mujoco.mj_clearCache(mujoco.mj_getCache())
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
