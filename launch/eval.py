@@ -1,6 +1,8 @@
 """Evaluate a policy on a suite's held-out init states: `python launch/eval.py [checkpoint=PATH] [overrides]`.
 
-Every task of the suite (ids 0..env.num_tasks-1) is played once from each EVAL init state, with greedy decoding,
+Every task of the suite (ids 0..env.num_tasks-1) is played once from each EVAL init state (40-49 by default;
+`env.eval_protocol=published`: 0-49 in the official scenes with the suite's step limit, as LIBERO's published success
+rates are measured), with greedy decoding,
 in parallel over the simulator fleet (env.num_workers x env.sims_per_worker processes, one simulator each). Writes
 to the run directory `eval_<suite>.csv` and `eval_<suite>.md` (success per task and the total), `videos/` (the first
 env.eval_videos_per_task episodes of every task as MP4, default 1) and `tb/` (success rates and the videos). The last
@@ -122,7 +124,17 @@ def success_table(suite: str, instructions: list[str], results: dict[int, list[b
     return rows
 
 
-def write_tables(run_dir: str, suite: str, rows: list[list[str]]) -> tuple[str, str]:
+def protocol_line(env) -> str:
+    """Which episodes ran, for the `policy:` line and the tables' header."""
+    ids = init_state_ids(env, "eval")
+    states = f"init states {ids[0]}-{ids[-1]}" if ids else "no init states"
+    what = ("published: LIBERO's published protocol" if env.eval_protocol == "published"
+            else "held_out: the EVAL init states, disjoint from training's")
+    scenes = f", {env.libero.scenes} scenes" if env.name == "libero" else ""
+    return f"protocol {what}; {len(ids)} episodes per task on {states}{scenes}, step limit {env.max_steps}"
+
+
+def write_tables(run_dir: str, suite: str, rows: list[list[str]], protocol: str = "") -> tuple[str, str]:
     header = ["task", "instruction", "episodes", "successes", "success_rate"]
     csv_path, md_path = os.path.join(run_dir, f"eval_{suite}.csv"), os.path.join(run_dir, f"eval_{suite}.md")
     with open(csv_path, "w", newline="") as f:
@@ -130,7 +142,7 @@ def write_tables(run_dir: str, suite: str, rows: list[list[str]]) -> tuple[str, 
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(f"**{c}**" if row[0] == "total" else c for c in row) + " |" for row in rows]
     with open(md_path, "w") as f:
-        f.write(f"# {suite}\n\n" + "\n".join(lines) + "\n")
+        f.write(f"# {suite}\n\n" + (f"{protocol}\n\n" if protocol else "") + "\n".join(lines) + "\n")
     return csv_path, md_path
 
 
@@ -159,8 +171,9 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     engine = RolloutEngine(policy, "cuda" if torch.cuda.is_available() else "cpu", seed=cfg.seed)
     specs = [TaskSpec(e.suite, task, state) for task in range(e.num_tasks) for state in init_state_ids(e, "eval")]
     log = RunLogger(run_dir)
+    protocol = protocol_line(e)
     print(f"evaluating {source} on {e.suite}: {len(specs)} episodes, run directory {run_dir}\n"
-          f"policy: {vla.describe(e)}", flush=True)
+          f"policy: {vla.describe(e)}; {protocol}", flush=True)
     start_ray_for(cfg.parallel)
     size = e.num_workers * e.sims_per_worker * e.rollout.pipeline_stage_num  # one simulator per slot
     fleet = start_fleet(e, vla, size)
@@ -182,13 +195,13 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
         bar.close()
         fleet.close()
     rows = success_table(e.suite, instructions, results)
-    csv_path, md_path = write_tables(run_dir, e.suite, rows)
+    csv_path, md_path = write_tables(run_dir, e.suite, rows, protocol)
     rate = float(rows[-1][-1])
     log.scalars(success_metrics([(t.task, t.success) for t in trajs], e.num_tasks), 0)
     videos = log.episode_videos(trajs, e.eval_videos_per_task or 1, 0, os.path.join(run_dir, "videos"))
     log.close()
     width = max(len(row[1]) for row in rows)
-    print(f"\n{'task':>5}  {'instruction':<{width}}  episodes  success_rate")
+    print(f"\n{protocol}\n{'task':>5}  {'instruction':<{width}}  episodes  success_rate")
     for task, instruction, episodes, _, task_rate in rows:
         print(f"{task:>5}  {instruction:<{width}}  {episodes:>8}  {task_rate:>12}")
     print(f"\ntables: {csv_path} {md_path}\nvideos: {len(videos)} in {os.path.join(run_dir, 'videos')}"
@@ -200,8 +213,12 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(dict_cfg: DictConfig) -> float:
     cfg = to_config(dict_cfg)
-    if not any(arg.startswith(("env.libero.scenes=", "++env.libero.scenes=")) for arg in sys.argv[1:]):
+    scenes_given = any(arg.startswith(("env.libero.scenes=", "++env.libero.scenes=")) for arg in sys.argv[1:])
+    if not scenes_given:
         cfg.env.libero.scenes = "official"  # the scenes published success rates were measured on
+    if cfg.env.eval_protocol == "published" and cfg.env.libero.scenes != "official":
+        sys.exit(f"error: env.eval_protocol=published plays the official scenes; drop env.libero.scenes="
+                 f"{cfg.env.libero.scenes}")
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
     try:
         validate(cfg)

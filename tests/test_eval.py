@@ -86,3 +86,20 @@ def test_weights_file_explains_what_it_needs(tmp_path: Path) -> None:
         weights_file(str(tmp_path))
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert weights_file(str(tmp_path)) == str(tmp_path / "model.safetensors")
+
+
+def test_the_published_protocol_plays_init_states_0_to_49_and_says_so(tiny_config) -> None:
+    from vla_scale.config import ConfigError, init_state_ids, validate
+
+    cfg = tiny_config("env=libero_object", "model=tiny_libero", "env.eval_protocol=published")
+    assert init_state_ids(cfg.env, "eval") == list(range(50)) and init_state_ids(cfg.env, "train") == list(range(40))
+    line = eval_module().protocol_line(cfg.env)
+    assert line.startswith("protocol published") and "50 episodes per task on init states 0-49" in line
+    assert "step limit 280" in line  # libero_object's, as OpenVLA-OFT's evaluation plays it
+    held_out = eval_module().protocol_line(tiny_config("env=libero_object", "model=tiny_libero").env)
+    assert "held_out" in held_out and "init states 40-41" in held_out  # tiny_config: 2 EVAL states
+    with pytest.raises(ConfigError, match="step limit 280, but env.max_steps=100"):
+        validate(tiny_config("env=libero_object", "model=tiny_libero", "env.eval_protocol=published",
+                             "env.max_steps=100"))
+    with pytest.raises(ConfigError, match="env=reach has none"):
+        validate(tiny_config("env.eval_protocol=published"))

@@ -205,6 +205,10 @@ class EnvConfig:
     OpenVLA-OFT limit; SimpleVLA-RL used 512)."""
     train_on_eval_states: bool = False
     """Train on the EVAL init states (SimpleVLA-RL's setting, for comparison); false keeps TRAIN and EVAL disjoint."""
+    eval_protocol: str = "held_out"
+    """Which episodes an evaluation plays: held_out (every task from the EVAL init states, right for RL, where the
+    TRAIN ones are trained on) or published (LIBERO's published numbers: every task from all 50 init states 0..49,
+    the official scenes, the suite's OpenVLA-OFT step limit)."""
     eval_videos_per_task: int = 0
     """Evaluation episodes per task saved as MP4 in the run directory and logged to TensorBoard (0: none)."""
     num_workers: int = 2
@@ -382,9 +386,16 @@ class Config:
 
 
 
+PUBLISHED_INIT_STATES = 50
+"""Init states per task that LIBERO's published success rates play (0..49)."""
+
+
 def init_state_ids(env: EnvConfig, split: str) -> list[int]:
     """Init-state ids of a split: "train" is 0..n_train-1, "eval" the next n_eval (disjoint); with
-    env.train_on_eval_states, "train" is the "eval" ids (SimpleVLA-RL trains on the states it evaluates on)."""
+    env.train_on_eval_states, "train" is the "eval" ids (SimpleVLA-RL trains on the states it evaluates on); with
+    env.eval_protocol=published, "eval" is 0..49."""
+    if split == "eval" and env.eval_protocol == "published":
+        return list(range(PUBLISHED_INIT_STATES))
     first_eval = env.num_train_init_states
     eval_ids = list(range(first_eval, first_eval + env.num_eval_init_states))
     if split == "eval":
@@ -412,6 +423,7 @@ def to_config(cfg: DictConfig | Config) -> Config:
 CHOICES: dict[str, tuple[Any, ...]] = {
     "algo.name": ("grpo",),
     "model.attention": ("bidirectional", "causal"),
+    "env.eval_protocol": ("held_out", "published"),
     "model.image_resize": ("bicubic", "jpeg_lanczos3"),
     "deepspeed.zero_stage": (0, 1, 2, 3),
 }
@@ -581,6 +593,7 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     if e.num_train_init_states < 1 and not e.train_on_eval_states:
         problems.append("env.num_train_init_states=0 leaves nothing to train on: set it >= 1, or "
                         "env.train_on_eval_states=true")
+    problems += published_protocol_problems(e)
     if e.name in ENVS:
         problems += e.startup_problems()
     ds = cfg.deepspeed
@@ -596,6 +609,22 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
     return cfg
+
+
+def published_protocol_problems(env: EnvConfig) -> list[str]:
+    """What keeps env.eval_protocol=published from being the published protocol: another simulator than LIBERO's,
+    another step limit than the suite's."""
+    if env.eval_protocol != "published":
+        return []
+    if env.name != "libero":
+        return [f"env.eval_protocol=published is LIBERO's published protocol; env={env.name} has none (use held_out)"]
+    from vla_scale.envs.libero import OFT_MAX_STEPS
+
+    limit = OFT_MAX_STEPS.get(env.suite)
+    if limit is not None and env.max_steps != limit:
+        return [f"env.eval_protocol=published plays {env.suite}'s step limit {limit}, but env.max_steps="
+                f"{env.max_steps}: drop the env.max_steps override (or use env.eval_protocol=held_out)"]
+    return []
 
 
 def lora_problems(lora: LoraConfig) -> list[str]:
