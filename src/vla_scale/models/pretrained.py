@@ -151,9 +151,15 @@ class PretrainedVLA:
 
         instructions = suite_instructions(env.name, env.suite)
         if model.checkpoint:
+            from vla_scale.models.hub import HubError, resolve_checkpoint
+
+            try:
+                folder = resolve_checkpoint(model.checkpoint)  # a hub id becomes its cached snapshot
+            except HubError as err:
+                raise ConfigError(str(err)) from err
             try:
                 # the checkpoint decides its architecture (model.attention etc. describe fresh policies)
-                vla = cls.from_pretrained(model.checkpoint, model.unnorm_key or None, model.center_crop,
+                vla = cls.from_pretrained(folder, model.unnorm_key or None, model.center_crop,
                                           use_proprio=model.use_proprio, num_images=model.num_images or None,
                                           env=env.name,
                                           suite=env.suite, max_text_len=model.max_text_len,
