@@ -48,6 +48,7 @@ import torch  # noqa: E402
 from vla_scale.config import (  # noqa: E402
     Config,
     ConfigError,
+    EnvConfig,
     ModelConfig,
     init_state_ids,
     moved_key_error,
@@ -124,7 +125,7 @@ def success_table(suite: str, instructions: list[str], results: dict[int, list[b
     return rows
 
 
-def protocol_line(env) -> str:
+def protocol_line(env: EnvConfig) -> str:
     """Which episodes ran, for the `policy:` line and the tables' header."""
     ids = init_state_ids(env, "eval")
     states = f"init states {ids[0]}-{ids[-1]}" if ids else "no init states"
