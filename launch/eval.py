@@ -1,4 +1,4 @@
-"""Evaluate a policy on a suite's held-out init states: `python launch/eval.py [checkpoint=PATH] [overrides]`.
+"""Evaluate a policy on a suite's held-out init states: `python launch/eval.py [model.checkpoint=PATH] [overrides]`.
 
 Every task of the suite (ids 0..env.num_tasks-1) is played once from each EVAL init state (40-49 by default;
 `env.eval_protocol=published`: 0-49 in the official scenes with the suite's step limit, as LIBERO's published success
@@ -8,11 +8,11 @@ to the run directory `eval_<suite>.csv` and `eval_<suite>.md` (success per task 
 env.eval_videos_per_task episodes of every task as MP4, default 1) and `tb/` (success rates and the videos). The last
 line printed is `eval: suite=<name> episodes=<n> success_rate=<r>`.
 
-checkpoint= a run directory (its latest checkpoint), a `checkpoints/step_<k>` folder or a `model.safetensors` file
-written by launch/train.py; pass the run's model overrides too (e.g. `model=tiny_libero`). Without it a freshly
-initialised policy is evaluated: a smoke run of the whole path. Example:
+model.checkpoint= the policy to evaluate: a run directory of launch/train.py (its latest checkpoint), one of its
+`checkpoints/step_<k>` folders, an OpenVLA-OFT folder or a hub id (README). Without it a freshly initialised policy is
+evaluated: a smoke run of the whole path. Example:
 
-    python launch/eval.py env=libero_spatial model=tiny_libero checkpoint=runs/my_run
+    python launch/eval.py env=libero_spatial model.checkpoint=runs/my_run
 """
 
 from __future__ import annotations
@@ -28,18 +28,6 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-
-def _pop_checkpoint(argv: list[str]) -> tuple[list[str], str]:
-    kept, checkpoint = [], ""
-    for arg in argv:
-        if arg.startswith("checkpoint="):
-            checkpoint = arg.split("=", 1)[1]
-        else:
-            kept.append(arg)
-    return kept, checkpoint
-
-
-sys.argv, CHECKPOINT = _pop_checkpoint(sys.argv)
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
@@ -49,7 +37,6 @@ from vla_scale.config import (  # noqa: E402
     Config,
     ConfigError,
     EnvConfig,
-    ModelConfig,
     init_state_ids,
     moved_key_error,
     register_configs,
@@ -60,61 +47,6 @@ from vla_scale.config import (  # noqa: E402
 register_configs()
 if moved := moved_key_error(sys.argv[1:]):
     sys.exit(moved)
-
-
-def weights_file(path: str) -> str:
-    """The model.safetensors that `path` (a run directory, a checkpoint folder or the file itself) stands for; a
-    ConfigError naming `checkpoint=` when there is none."""
-    from vla_scale import checkpoint
-
-    if os.path.isfile(path):
-        return path
-    if not os.path.exists(path):
-        raise ConfigError(f"checkpoint={path!r} does not exist; pass a run directory, a checkpoints/step_<k> folder "
-                          "or a model.safetensors file written by launch/train.py")
-    if os.path.isdir(os.path.join(path, "checkpoints")):
-        tag = checkpoint.latest_tag(path)
-        if tag is None:
-            raise ConfigError(f"checkpoint={path!r} has no checkpoint (no checkpoints/latest): it saved none; pass "
-                              "a run that did, or one of its checkpoints/step_<k> folders")
-        path = os.path.join(checkpoint.checkpoint_root(path), tag)
-    weights = os.path.join(path, "model.safetensors")
-    if not os.path.isfile(weights):
-        raise ConfigError(f"no model.safetensors in {path}; pass a run directory, a checkpoints/step_<k> folder or a "
-                          "model.safetensors file")
-    return weights
-
-
-def load_run_weights(policy: torch.nn.Module, weights: str, model: ModelConfig) -> None:
-    """Load a run's consolidated weights into `policy`, or raise a ConfigError saying which model keys (from the
-    run's `run_config.json`) or which tensors do not fit, before anything starts."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    from vla_scale import checkpoint
-
-    saved, _ = checkpoint.read_json(os.path.join(os.path.dirname(weights), checkpoint.RUN_CONFIG))
-    if saved is not None:
-        # a LoRA run's model.safetensors holds merged weights: its adapters' settings do not matter here
-        differences = checkpoint.config_differences(saved["model"], "model", model, ("checkpoint", "lora"))
-        if differences:
-            raise ConfigError(f"{weights} was trained with another model:\n  - " + "\n  - ".join(differences))
-    try:
-        state = load_file(weights)
-    except (SafetensorError, OSError) as err:
-        raise ConfigError(f"{weights} is unreadable ({err}): the file is damaged or incomplete; pass another "
-                          "checkpoint of the run") from err
-    own = policy.state_dict()
-    params = dict(policy.named_parameters())
-    missing = [name for name in params if name not in state]  # buffers are not saved
-    unexpected = [name for name in state if name not in own]
-    resized = [f"{name} {tuple(t.shape)} (this model: {tuple(own[name].shape)})" for name, t in state.items()
-               if name in own and t.shape != own[name].shape]
-    if missing or unexpected or resized:
-        raise ConfigError(f"{weights} does not fit model={model.name}: missing {missing[:5]}, unexpected "
-                          f"{unexpected[:5]}, other shapes {resized[:5]}; pass the model overrides the run trained "
-                          "with (its .hydra/config.yaml)")
-    policy.load_state_dict(state, strict=False)
 
 
 def success_table(suite: str, instructions: list[str], results: dict[int, list[bool]]) -> list[list[str]]:
@@ -132,7 +64,8 @@ def protocol_line(env: EnvConfig) -> str:
     what = ("published: LIBERO's published protocol" if env.eval_protocol == "published"
             else "held_out: the EVAL init states, disjoint from training's")
     scenes = f", {env.libero.scenes} scenes" if env.name == "libero" else ""
-    return f"protocol {what}; {len(ids)} episodes per task on {states}{scenes}, step limit {env.max_steps}"
+    limit = f"step limit {env.max_steps}" if env.max_steps else "each task its own suite's step limit"
+    return f"protocol {what}; {len(ids)} episodes per task on {states}{scenes}, {limit}"
 
 
 def write_tables(run_dir: str, suite: str, rows: list[list[str]], protocol: str = "") -> tuple[str, str]:
@@ -147,7 +80,7 @@ def write_tables(run_dir: str, suite: str, rows: list[list[str]], protocol: str 
     return csv_path, md_path
 
 
-def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
+def evaluate(cfg: Config, run_dir: str) -> float:
     import numpy as np
 
     from vla_scale.envs.registry import suite_instructions
@@ -166,9 +99,6 @@ def evaluate(cfg: Config, run_dir: str, checkpoint_path: str = "") -> float:
     torch.manual_seed(cfg.seed)
     policy = vla.policy
     source = f"{vla.source} (smoke run)" if not cfg.model.checkpoint else vla.source
-    if checkpoint_path:
-        source = weights_file(checkpoint_path)
-        load_run_weights(policy, source, cfg.model)
     engine = RolloutEngine(policy, "cuda" if torch.cuda.is_available() else "cpu", seed=cfg.seed)
     specs = [TaskSpec(e.suite, task, state) for task in range(e.num_tasks) for state in init_state_ids(e, "eval")]
     log = RunLogger(run_dir)
@@ -229,7 +159,7 @@ def main(dict_cfg: DictConfig) -> float:
         if unreachable:
             raise ConfigError(unreachable)
         os.makedirs(run_dir, exist_ok=True)
-        return evaluate(cfg, run_dir, CHECKPOINT)
+        return evaluate(cfg, run_dir)
     except ConfigError as err:
         sys.exit(f"error: {err}")
 

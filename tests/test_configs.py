@@ -42,7 +42,7 @@ def test_every_top_level_config_loads_and_validates(name):
 
 def test_oft_libero_configs_carry_simplevla_rl_settings_on_their_suite():
     register_configs()
-    for suite in ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"):
+    for suite in ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90", "libero_130"):
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
             cfg = to_config(compose(config_name=f"oft_{suite}"))
         assert cfg.env.suite == suite and cfg.env.max_steps == 512 and cfg.env.num_eval_init_states == 50

@@ -57,11 +57,10 @@ def test_smoke_run_writes_tables_videos_and_the_last_line(tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_evaluates_the_latest_checkpoint_of_a_run(tmp_path: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     from vla_scale import checkpoint
     from vla_scale.envs.reach import instructions
-    from vla_scale.models import WordTokenizer, build_policy
+    from vla_scale.models import PretrainedVLA
 
     cfg = eval_module().to_config
     from hydra import compose, initialize_config_dir
@@ -69,23 +68,13 @@ def test_evaluates_the_latest_checkpoint_of_a_run(tmp_path: Path) -> None:
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         model = cfg(compose(config_name="config", overrides=SMALL[:5])).model
     torch.manual_seed(123)
-    policy = build_policy(model, WordTokenizer.from_instructions(instructions()))
-    folder = tmp_path / "train_run" / "checkpoints" / "step_3"
-    folder.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(folder / "model.safetensors"))
+    folder = tmp_path / "train_run" / "checkpoints" / "step_3"  # a step folder is a checkpoint folder
+    PretrainedVLA.from_config(model, instructions()).save_pretrained(str(folder))
     checkpoint.mark_latest(str(tmp_path / "train_run"), "step_3")
-    proc = run_eval(f"checkpoint={tmp_path / 'train_run'}", f"run_dir={tmp_path / 'eval'}", "env.num_tasks=1",
+    proc = run_eval(f"model.checkpoint={tmp_path / 'train_run'}", f"run_dir={tmp_path / 'eval'}", "env.num_tasks=1",
                     "env.num_eval_init_states=2")
-    assert f"evaluating {folder / 'model.safetensors'} on reach" in proc.stdout
+    assert f"evaluating {folder} on reach" in proc.stdout
     assert proc.stdout.strip().splitlines()[-1].startswith("eval: suite=reach episodes=2 success_rate=")
-
-
-def test_weights_file_explains_what_it_needs(tmp_path: Path) -> None:
-    weights_file = eval_module().weights_file
-    with pytest.raises(eval_module().ConfigError, match="run directory, a checkpoints/step_<k>"):
-        weights_file(str(tmp_path))
-    (tmp_path / "model.safetensors").write_bytes(b"")
-    assert weights_file(str(tmp_path)) == str(tmp_path / "model.safetensors")
 
 
 def test_the_published_protocol_plays_init_states_0_to_49_and_says_so(tiny_config) -> None:

@@ -1,5 +1,5 @@
 """A LoRA run through the real entry scripts: adapters beside each checkpoint, a resume that continues the same run,
-the run's weights evaluated by launch/eval.py (real MuJoCo, Ray, DeepSpeed, TensorBoard)."""
+its step folder evaluated by launch/eval.py (real MuJoCo, Ray, DeepSpeed, TensorBoard)."""
 
 import shutil
 
@@ -29,6 +29,6 @@ def test_a_lora_run_saves_adapters_resumes_and_evaluates(tmp_path):
     for tag in ("train/policy_loss", "train/grad_norm", "train/success_rate", "sync/version"):
         assert resumed[tag] == [x for x in scalars[tag] if x[0] == 2], tag
 
-    proc = run_script("eval", *TINY, f"checkpoint={whole}", f"run_dir={tmp_path / 'eval'}", "env.num_tasks=1")
+    proc = run_script("eval", *TINY, f"model.checkpoint={whole}", f"run_dir={tmp_path / 'eval'}", "env.num_tasks=1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert f"evaluating {step / 'model.safetensors'}" in proc.stdout
+    assert f"evaluating {step} on reach" in proc.stdout

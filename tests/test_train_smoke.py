@@ -114,10 +114,11 @@ def test_two_ranks_under_the_deepspeed_launcher_share_one_run(tmp_path):
     assert [s for s, _ in scalars["sync/version"]] == [1, 2]
     # DeepSpeed's own conversion of the 2-way sharded checkpoint gives exactly the weights we export
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    from safetensors.torch import load_file
+
+    from vla_scale.models.checkpoint_io import iter_tensors
 
     converted = get_fp32_state_dict_from_zero_checkpoint(str(runs[0] / "checkpoints"), tag="step_2")
-    exported = load_file(str(step / "model.safetensors"))
+    exported = dict(iter_tensors(str(step)))  # the step folder's weights and proprio projector
     assert set(converted) == set(exported)
     assert all(torch.equal(converted[k].float(), exported[k].float()) for k in exported)
     # every rank's engine held the same weights after every sync, and the checksums were logged

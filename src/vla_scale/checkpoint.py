@@ -1,9 +1,11 @@
 """Trainer checkpoints: the DeepSpeed engine (weights + optimizer), consolidated safetensors weights, RNG states.
 
-Layout: `<run_dir>/checkpoints/step_<k>/` holds DeepSpeed's files, `model.safetensors`, and one
-`trainer_state_rank<r>.json` per rank (step, policy version, sampler, rollout and RNG states, the next step's task
-specs), written as plain JSON: a checkpoint is data, never code. `<run_dir>/checkpoints/latest` names the newest
-complete step.
+Layout: `<run_dir>/checkpoints/step_<k>/` holds DeepSpeed's files, one `trainer_state_rank<r>.json` per rank (step,
+policy version, sampler, rollout and RNG states, the next step's task specs), written as plain JSON: a checkpoint is
+data, never code, and the policy as a checkpoint folder of its own (`models/checkpoint_io.py`'s official layout:
+config.json, model.safetensors, the proprio projector's side file, statistics, preprocessor config, tokenizer files),
+so `model.checkpoint=<step folder>` (or `=<run_dir>`) loads it like any OpenVLA-OFT folder.
+`<run_dir>/checkpoints/latest` names the newest complete step.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
 from vla_scale.envs.types import TaskSpec
+from vla_scale.models.checkpoint_io import LATEST, RUN_CHECKPOINTS, write_folder
 from vla_scale.sync.weight_sync import gathered_buckets
 
 
@@ -80,25 +82,28 @@ def read_trainer_state(directory: str, rank: int) -> dict[str, Any]:
 
 
 def checkpoint_root(run_dir: str) -> str:
-    return os.path.join(run_dir, "checkpoints")
+    return os.path.join(run_dir, RUN_CHECKPOINTS)
 
 
 def latest_tag(run_dir: str) -> str | None:
-    path = os.path.join(checkpoint_root(run_dir), "latest")
+    path = os.path.join(checkpoint_root(run_dir), LATEST)
     if not os.path.exists(path):
         return None
     with open(path) as f:
         return f.read().strip()
 
 
-def save_weights(module: torch.nn.Module, path: str, bucket_mb: float, write: bool) -> None:
-    """Consolidated weights as safetensors (gathered bucket by bucket; only the writing rank keeps copies)."""
+def save_policy_folder(module: torch.nn.Module, folder: str, tokenizer: Any, bucket_mb: float, write: bool) -> None:
+    """The policy as a checkpoint folder (`checkpoint_io.write_folder` and the tokenizer's files), its weights
+    gathered bucket by bucket as the engines get them (a LoRA policy's merged); only the writing rank keeps copies."""
     tensors: dict[str, torch.Tensor] = {}
     for bucket in gathered_buckets(module, bucket_mb):
         if write:
             tensors.update((name, t.detach().cpu().clone()) for name, t in bucket)
     if write:
-        save_file(tensors, path)
+        preprocessor = module.preprocessor or module.image_transform().preprocessor_config()
+        write_folder(tensors, module.spec, preprocessor, folder)
+        tokenizer.save(folder)
 
 
 def save_adapters(module: torch.nn.Module, folder: str, lora: Any, bucket_mb: float, write: bool, base: str) -> None:
@@ -117,7 +122,7 @@ def mark_latest(run_dir: str, tag: str) -> None:
     tmp = os.path.join(checkpoint_root(run_dir), "latest.tmp")
     with open(tmp, "w") as f:
         f.write(tag)
-    os.replace(tmp, os.path.join(checkpoint_root(run_dir), "latest"))
+    os.replace(tmp, os.path.join(checkpoint_root(run_dir), LATEST))
 
 
 RUN_CONFIG = "run_config.json"

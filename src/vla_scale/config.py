@@ -100,8 +100,9 @@ class ModelConfig:
     """How camera images are resized to image_size: bicubic (torch, antialiased) or jpeg_lanczos3 (the official
     OpenVLA-OFT evaluation's JPEG round trip + Lanczos-3; checkpoints use it)."""
     checkpoint: str = ""
-    """Folder of an OpenVLA-OFT checkpoint to load (config.json, model.safetensors, tokenizer files, ...); '' starts
-    from random weights with a word-level tokenizer built from the suite's instructions."""
+    """The checkpoint to load: an OpenVLA-OFT folder (config.json, model.safetensors, tokenizer files, ...), a
+    training run's `checkpoints/step_<k>` folder or the run directory itself (its latest step), or a hub id
+    `<org>/<name>[@revision]`; '' starts from random weights with a word-level tokenizer of the suite's instructions."""
     unnorm_key: str = ""
     """Dataset of the checkpoint's norm_stats that normalises proprio and un-normalises actions ('': the only one;
     a checkpoint with several needs it named, e.g. libero_spatial_no_noops)."""
@@ -202,7 +203,8 @@ class EnvConfig:
     """Rendered camera side in pixels."""
     max_steps: int = 40
     """Env steps per episode before it ends unsuccessfully (LIBERO: each configs/env/libero_*.yaml sets its suite's
-    OpenVLA-OFT limit; SimpleVLA-RL used 512)."""
+    OpenVLA-OFT limit; SimpleVLA-RL used 512); 0 gives each task its own (LIBERO: the limit of the suite the task
+    belongs to, what env=libero_130 plays)."""
     train_on_eval_states: bool = False
     """Train on the EVAL init states (SimpleVLA-RL's setting, for comparison); false keeps TRAIN and EVAL disjoint."""
     eval_protocol: str = "held_out"
@@ -241,7 +243,7 @@ class EnvConfig:
 
     def simulator_kwargs(self) -> dict[str, Any]:
         """The constructor kwargs of `name`'s simulator (`envs.registry.make_env(name, **kwargs)`)."""
-        return {"camera_resolution": self.camera_resolution, "max_steps": self.max_steps,
+        return {"camera_resolution": self.camera_resolution, "max_steps": self.max_steps or None,
                 **self.simulator().simulator_kwargs()}
 
     def startup_problems(self) -> list[str]:
@@ -443,9 +445,10 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     "model.lora.alpha": POSITIVE,
     "env.rollout.pipeline_stage_num": AT_LEAST_1,
     "env.disagg_sim.nnodes": AT_LEAST_1,
-    **{f"env.{k}": AT_LEAST_1 for k in ("num_tasks", "num_eval_init_states", "max_steps", "num_workers",
-                                       "sims_per_worker", "max_failures")},
+    **{f"env.{k}": AT_LEAST_1 for k in ("num_tasks", "num_eval_init_states", "num_workers", "sims_per_worker",
+                                       "max_failures")},
     **{f"env.{k}": AT_LEAST_0 for k in ("num_train_init_states", "camera_resolution", "eval_videos_per_task",
+                                       "max_steps",
                                        "reach.physics_substeps", "libero.settle_steps", "libero.texture_max_side")},
     "env.reach.max_delta": POSITIVE,
     "env.step_timeout_s": POSITIVE,
@@ -471,8 +474,10 @@ UPPER: dict[str, tuple[float, bool]] = {"algo.clip_low": (1.0, False), "algo.fil
 
 MOVED_KEYS = {"env.max_delta": "env.reach.max_delta", "env.reach_physics_substeps": "env.reach.physics_substeps",
               "env.settle_steps": "env.libero.settle_steps", "env.libero_assets": "env.libero.assets",
-              "env.libero_texture_max_side": "env.libero.texture_max_side", "env.libero_scenes": "env.libero.scenes"}
-"""Keys that moved into their simulator's own group, by their former names."""
+              "env.libero_texture_max_side": "env.libero.texture_max_side", "env.libero_scenes": "env.libero.scenes",
+              "checkpoint": "model.checkpoint"}
+"""Keys by their former names: settings that moved into their simulator's own group, and launch/eval.py's
+`checkpoint=` (a training run's step folders are checkpoint folders, loaded through model.checkpoint)."""
 
 
 def moved_key_error(overrides: list[str]) -> str | None:
@@ -526,7 +531,7 @@ def _divisors(n: int, limit: int = 64) -> list[int]:
 
 def validate(cfg: Config, world_size: int = 1) -> Config:
     """Check the arithmetic and the names; raise one ConfigError listing every problem and its fix."""
-    from vla_scale.envs.registry import ENVS, SUITES, suite_num_tasks
+    from vla_scale.envs.registry import ENVS, SUITES, suite_num_tasks, task_step_limits
 
     out_of_range = range_problems(cfg)
     problems = list(out_of_range.values())
@@ -539,6 +544,9 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
         problems.append(f"env.name={e.name!r} is not a known simulator; choose one of {sorted(ENVS)}")
     elif e.suite not in SUITES.get(e.name, ()):
         problems.append(f"env.suite={e.suite!r} is not a suite of env {e.name!r}; choose one of {SUITES[e.name]}")
+    elif e.max_steps == 0 and task_step_limits(e.name, e.suite) is None:
+        problems.append(f"env.max_steps=0 must be >= 1: env {e.name!r} has no step limit per task (0 gives each "
+                        "LIBERO task its own suite's)")
     if sound("model.patch_size") and m.image_size % m.patch_size:
         problems.append(f"model.image_size={m.image_size} is not a multiple of model.patch_size={m.patch_size}")
     if sound("model.num_heads") and (m.hidden_size % m.num_heads or m.vision_dim % m.num_heads):
@@ -618,10 +626,13 @@ def published_protocol_problems(env: EnvConfig) -> list[str]:
         return []
     if env.name != "libero":
         return [f"env.eval_protocol=published is LIBERO's published protocol; env={env.name} has none (use held_out)"]
-    from vla_scale.envs.libero import OFT_MAX_STEPS
+    from vla_scale.envs.libero import OFT_MAX_STEPS, UNIFIED_SUITES
 
+    if env.suite in UNIFIED_SUITES and env.max_steps != 0:
+        return [f"env.eval_protocol=published plays each {env.suite} task with its own suite's step limit, but "
+                f"env.max_steps={env.max_steps}: set env.max_steps=0 (or use env.eval_protocol=held_out)"]
     limit = OFT_MAX_STEPS.get(env.suite)
-    if limit is not None and env.max_steps != limit:
+    if limit is not None and env.max_steps not in (0, limit):
         return [f"env.eval_protocol=published plays {env.suite}'s step limit {limit}, but env.max_steps="
                 f"{env.max_steps}: drop the env.max_steps override (or use env.eval_protocol=held_out)"]
     return []

@@ -463,8 +463,8 @@ class Trainer:
         checkpoint.write_trainer_state(os.path.join(root, tag), self.rank, state)
         if self.rank == 0:
             checkpoint.write_run_config(os.path.join(root, tag), self.cfg.model, self.cfg.algo, self.world)
-        path = os.path.join(root, tag, "model.safetensors")
-        checkpoint.save_weights(self.actor.policy, path, self.cfg.deepspeed.sync_bucket_mb, self.rank == 0)
+        checkpoint.save_policy_folder(self.actor.policy, os.path.join(root, tag), self.vla.tokenizer,
+                                      self.cfg.deepspeed.sync_bucket_mb, self.rank == 0)
         if self.actor.adapted:  # the adapters alone too, in PEFT's layout
             checkpoint.save_adapters(self.actor.policy, os.path.join(root, tag), self.cfg.model.lora,
                                      self.cfg.deepspeed.sync_bucket_mb, self.rank == 0, self.vla.source)

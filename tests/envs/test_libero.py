@@ -45,7 +45,8 @@ RES = 128
 CHUNK = 8
 BOOT_TIMEOUT_S = 240.0  # interpreter start, LIBERO import and the first scene build, on a busy machine
 # one task per suite, spread over two processes so both cores work; (suite, task id)
-PLAN = [[("libero_spatial", 3), ("libero_goal", 5), ("libero_90", 42)], [("libero_object", 7), ("libero_10", 1)]]
+PLAN = [[("libero_spatial", 3), ("libero_goal", 5), ("libero_90", 42)],
+        [("libero_object", 7), ("libero_10", 1), ("libero_130", 125)]]
 
 
 # ---- no simulator -------------------------------------------------------------------------------------------------
@@ -54,7 +55,7 @@ def test_task_map_matches_suite_task_counts() -> None:
         names = libero.task_names(suite)
         assert len(names) == libero.num_tasks(suite)
         assert len(libero.instructions(suite)) == len(names) and all(libero.instructions(suite))
-        if suite != "libero_90":  # LIBERO-90 repeats some instructions in different scenes
+        if suite not in ("libero_90", "libero_130"):  # LIBERO-90 repeats some instructions in different scenes
             assert len(set(libero.instructions(suite))) == len(names)
     assert libero.instructions("libero_spatial")[0] == (
         "pick up the black bowl between the plate and the ramekin and place it on the plate")
@@ -62,6 +63,40 @@ def test_task_map_matches_suite_task_counts() -> None:
     assert libero.task_language(name) == "put the butter at the back in the top drawer of the cabinet and close it"
     with pytest.raises(ValueError, match="valid suites"):
         libero.num_tasks("libero_100")
+
+
+def test_libero_130_is_the_five_suites_in_liberos_own_order() -> None:
+    """Against LIBERO's benchmark module: its `libero_suites` order and task maps (RLinf's LIBERO-130 aggregates
+    them so), each task with the init states and step limit of its own suite."""
+    libero.libero_install.ensure_config()  # else importing LIBERO asks for its paths on stdin
+    from libero.libero import benchmark
+
+    expected = [name for suite in benchmark.libero_suites for name in benchmark.task_maps[suite]]
+    assert list(libero.task_names("libero_130")) == expected and len(expected) == 130
+    assert libero.member_task("libero_130", 10) == ("libero_object", 0)
+    assert libero.member_task("libero_130", 30) == ("libero_90", 0)
+    assert libero.member_task("libero_130", 129) == ("libero_10", 9)
+    assert np.array_equal(load_init_states("libero_130", 35), load_init_states("libero_90", 5))
+    limits = [libero.step_limit("libero_130", t) for t in range(130)]
+    assert limits == [220] * 10 + [280] * 10 + [300] * 10 + [400] * 90 + [520] * 10
+    with pytest.raises(ValueError, match=r"task_id must be in \[0, 130\)"):
+        libero.member_task("libero_130", 130)
+
+
+def test_env_libero_130_plays_each_task_with_its_own_step_limit(tiny_config) -> None:
+    from vla_scale.config import ConfigError, validate
+    from vla_scale.rollout.stack import episode_steps
+
+    cfg = validate(tiny_config("env=libero_130", "model=tiny_libero", "env.num_tasks=130"))
+    assert (cfg.env.suite, cfg.env.max_steps) == ("libero_130", 0)
+    assert cfg.env.simulator_kwargs()["max_steps"] is None  # LiberoEnv: each task's own limit
+    assert episode_steps(cfg.env) == 520  # the env loop's chunk budget: the longest, LIBERO-10's
+    assert episode_steps(validate(tiny_config("env=libero_130", "model=tiny_libero", "env.num_tasks=25")).env) == 300
+    with pytest.raises(ConfigError, match="env.max_steps=0 must be >= 1"):
+        validate(tiny_config("env.max_steps=0"))  # the reach task has no limit of its own
+    with pytest.raises(ConfigError, match="each libero_130 task with its own suite's step limit"):
+        validate(tiny_config("env=libero_130", "model=tiny_libero", "env.eval_protocol=published",
+                             "env.max_steps=512"))
 
 
 def test_init_states_are_read_without_torch_and_equal_torch_load() -> None:
@@ -136,7 +171,7 @@ def test_train_and_eval_init_states_are_disjoint_unless_asked() -> None:
             env = validate(to_config(compose(config_name="config", overrides=[f"env={suite}"]))).env
             train, evals = init_state_ids(env, "train"), init_state_ids(env, "eval")
             assert (len(train), len(evals)) == (40, 10) and not set(train) & set(evals)
-            assert env.max_steps == OFT_MAX_STEPS[suite] and env.libero.settle_steps == 10
+            assert env.max_steps == OFT_MAX_STEPS.get(suite, 0) and env.libero.settle_steps == 10  # 130: each own
         simplevla = to_config(compose(config_name="config", overrides=[
             "env=libero_spatial", "env.train_on_eval_states=true", "env.num_train_init_states=0",
             "env.num_eval_init_states=50", "env.max_steps=512"]))
@@ -210,7 +245,7 @@ def test_every_suite_builds_resets_to_an_init_state_and_steps_a_chunk(played: di
     assert np.array_equal(first.proprio, again.proprio)
     assert step.steps_taken == CHUNK and not step.done and not step.success and step.reward == 0.0
     assert step.observation.proprio[2] > first.proprio[2]  # the end-effector went up
-    assert step.info["step_limit"] == OFT_MAX_STEPS[suite]
+    assert step.info["step_limit"] == libero.step_limit(suite, task.task_id)  # libero_130 task 125: LIBERO-10's
     assert step.observation.images["agentview"].std() > 10  # a rendered scene, not a blank frame
 
 
@@ -533,12 +568,17 @@ RENDERING = textwrap.dedent("""
     from vla_scale.envs.types import TaskSpec
 
     env = LiberoEnv(camera_resolution=256, settle_steps=10, scenes="official")
-    image = env.reset(TaskSpec("libero_object", 0, 0)).images["agentview"]
+    first = env.reset(TaskSpec("libero_object", 0, 0))
+    image, limit = first.images["agentview"], env._limit
+    unified = env.reset(TaskSpec("libero_130", 10, 0))  # the same task, in LIBERO-130
+    same = all(np.array_equal(first.images[k], unified.images[k]) for k in first.images)
+    same = same and np.array_equal(first.proprio, unified.proprio) and first.instruction == unified.instruction
     env.reset(TaskSpec("libero_spatial", 5, 0))
     sim = env._env.env.sim
     def xyz(body):
         return sim.data.body_xpos[sim.model.body_name2id(body)].tolist()
-    print(json.dumps({"mujoco": mujoco.__version__, "image_mean": float(image.mean()),
+    print(json.dumps({"mujoco": mujoco.__version__, "image_mean": float(image.mean()), "unified_same": bool(same),
+                      "limits": [limit, env._limit],
                       "floor_mean": float(image[3 * 256 // 4:].mean()), "bowl": xyz("akita_black_bowl_1_main"),
                       "ramekin": xyz("glazed_rim_porcelain_ramekin_1_main")}))
 """)
@@ -552,6 +592,11 @@ def rendering() -> dict:
 def test_libero_object_floors_render_as_the_checkpoints_data(rendering: dict) -> None:
     assert rendering["mujoco"] == "3.3.2"
     assert 165 < rendering["floor_mean"] < 185 and 130 < rendering["image_mean"] < 150, rendering
+
+
+def test_a_libero_130_task_plays_as_in_its_own_suite(rendering: dict) -> None:
+    assert rendering["unified_same"], "libero_130 task 10 should reset exactly as libero_object task 0"
+    assert rendering["limits"] == [280, 220]  # libero_object's limit, then libero_spatial's
 
 
 def test_the_bowl_settles_onto_the_ramekin(rendering: dict) -> None:

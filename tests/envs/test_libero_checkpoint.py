@@ -50,15 +50,20 @@ def test_evaluate_and_train_an_official_folder(tmp_path: Path) -> None:
     assert [v for _, v in scalars["sync/version"]] == [1, 2]
     assert (tmp_path / "train" / "checkpoints" / "step_2" / "model.safetensors").exists()
 
-    # the trained weights are the checkpoint's architecture: `launch/eval.py model.checkpoint=<folder>
-    # checkpoint=<run>` loads them (tests/test_eval.py runs that path on the reach task)
-    from safetensors.torch import load_file
-
+    # the step folder is a checkpoint folder of the same policy: the official pipeline, tokenizer and statistics, so
+    # `launch/eval.py model.checkpoint=<run>` evaluates it as the official folder was (tests/test_eval.py runs that)
+    from vla_scale.config import EnvConfig, ModelConfig
     from vla_scale.models import PretrainedVLA
 
-    vla = PretrainedVLA.from_pretrained(str(FOLDER), unnorm_key="libero_spatial_no_noops")
-    trained = load_file(str(tmp_path / "train" / "checkpoints" / "step_2" / "model.safetensors"))
-    vla.policy.load_state_dict(trained, strict=True)
+    env = EnvConfig(name="libero", suite="libero_spatial", camera_resolution=0)
+    official = PretrainedVLA.for_env(ModelConfig(checkpoint=str(FOLDER)), env)
+    trained = PretrainedVLA.for_env(ModelConfig(checkpoint=str(tmp_path / "train")), env)
+    assert trained.source == str(tmp_path / "train" / "checkpoints" / "step_2")
+    assert trained.describe(env).split(": ", 1)[1] == official.describe(env).split(": ", 1)[1]
+    instruction = "pick up the black bowl between the plate and the ramekin and place it on the plate"
+    assert trained.prompt_ids(instruction).tolist() == official.prompt_ids(instruction).tolist()
+    assert trained.spec.norm_stats == official.spec.norm_stats
+    assert trained.policy.spec.num_action_tokens == official.spec.num_action_tokens  # every tensor loaded, strictly
 
 
 def test_bad_checkpoint_inputs_fail_before_any_simulator_starts(tmp_path: Path) -> None:

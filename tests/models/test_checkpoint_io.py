@@ -139,3 +139,34 @@ def test_loads_into_zero3_shards(tmp_path):
     with deepspeed.zero.GatheredParameters(params):
         for (name, expected), (_, got) in zip(policy.named_parameters(), sharded.named_parameters(), strict=True):
             assert torch.equal(expected, got), name
+
+
+def test_a_run_directory_stands_for_its_latest_step_folder(tmp_path):
+    from vla_scale import checkpoint
+    from vla_scale.models.checkpoint_io import step_folder
+
+    run = tmp_path / "run"
+    assert step_folder(str(tmp_path)) == str(tmp_path)  # not a run: the folder itself
+    (run / "checkpoints" / "step_2").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="saved no checkpoint"):
+        step_folder(str(run))
+    checkpoint.mark_latest(str(run), "step_2")
+    assert step_folder(str(run)) == str(run / "checkpoints" / "step_2")
+
+
+def test_a_policy_folder_written_from_gathered_tensors_loads_as_the_policy(tmp_path):
+    """What a training step folder holds (`checkpoint.save_policy_folder`): the named tensors as the sync gathers
+    them, written in the official layout with the tokenizer, read back to the same weights and prompts."""
+    from vla_scale import checkpoint
+    from vla_scale.models import PretrainedVLA
+
+    torch.manual_seed(0)
+    vla = PretrainedVLA.from_config(ModelConfig(), instructions())
+    checkpoint.save_policy_folder(vla.policy, str(tmp_path), vla.tokenizer, bucket_mb=1, write=True)
+    assert (tmp_path / "proprio_projector--latest_checkpoint.pt").exists()
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        assert not any(k.startswith("proprio_projector.") for k in f.keys())  # in its side file, as official
+    back = PretrainedVLA.from_pretrained(str(tmp_path), env="reach")
+    assert all(torch.equal(a, b) for a, b in zip(vla.policy.state_dict().values(), back.policy.state_dict().values(),
+                                                 strict=True))
+    assert back.prompt_ids(instructions()[0]).tolist() == vla.prompt_ids(instructions()[0]).tolist()

@@ -1,4 +1,5 @@
-"""LIBERO suites (libero_spatial, libero_object, libero_goal, libero_10, libero_90) behind the Env protocol.
+"""LIBERO suites (libero_spatial, libero_object, libero_goal, libero_10, libero_90, and libero_130 of all five) behind
+the Env protocol.
 
 One `LiberoEnv` plays one episode at a time inside a simulator process. It builds LIBERO's `OffScreenRenderEnv` for
 the task of the TaskSpec it is reset to and keeps it while the task stays the same; a new task rebuilds it.
@@ -9,6 +10,9 @@ Fidelity to the official OpenVLA-OFT LIBERO evaluation (`run_libero_eval.py`):
   [0, 0, 0, 0, 0, 0, -1] run before the policy acts: objects are placed slightly above their resting poses and fall
   for a few steps (OFT waits 10). Settle steps do not count against the step limit and their success is ignored;
 - step limits default to OFT's (`OFT_MAX_STEPS`); SimpleVLA-RL trained and evaluated with 512 (`SIMPLEVLA_MAX_STEPS`);
+- libero_130 (`UNIFIED_SUITES`, the unified suite RLinf reports) is the five suites one after another in LIBERO's own
+  `libero_suites` order: its task i is a task of one of them (`member_task`), played exactly as there, with that
+  suite's step limit (`step_limit`);
 - images are rotated by 180 degrees (`img[::-1, ::-1]`) as OFT does to match its training data; proprio is
   [eef xyz, eef axis-angle, 2 gripper joints] (8-D, float64 as OFT's `prepare_observation` builds it);
 - success is LIBERO's own predicate (`done` of `env.step`, i.e. the BDDL goal holds).
@@ -78,9 +82,13 @@ OFT_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300
 """OpenVLA-OFT's evaluation step limits (policy steps after settling), set from the longest training demo."""
 SIMPLEVLA_MAX_STEPS = 512
 """The one step limit SimpleVLA-RL used for every suite."""
-SUITE_TASKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
+SUITE_TASKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90,
+               "libero_130": 130}
 SUITES = tuple(SUITE_TASKS)
 """The LIBERO suites, the one list of them (config validation and the registry read it here)."""
+UNIFIED_SUITES = {"libero_130": ("libero_spatial", "libero_object", "libero_goal", "libero_90", "libero_10")}
+"""Suites made of whole suites, in LIBERO's `benchmark.libero_suites` order (RLinf's LIBERO-130 aggregates them so:
+tasks 0-9 spatial, 10-19 object, 20-29 goal, 30-119 LIBERO-90, 120-129 LIBERO-10)."""
 NUM_INIT_STATES = 50
 ACTION_DIM = 7
 PROPRIO_DIM = 8
@@ -94,11 +102,32 @@ SCENES = ("per_episode", "official")
 
 
 # ---- tasks and init states, without importing libero (its benchmark module imports torch) ------------------------
+def member_task(suite: str, task_id: int) -> tuple[str, int]:
+    """The suite of LIBERO's own and the task id there that task `task_id` of `suite` is (itself unless `suite` is
+    unified)."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown LIBERO suite {suite!r}; valid suites: {list(SUITES)}")
+    if not 0 <= task_id < SUITE_TASKS[suite]:
+        raise ValueError(f"{suite} task_id must be in [0, {SUITE_TASKS[suite]}), got {task_id}")
+    for member in UNIFIED_SUITES.get(suite, ()):
+        if task_id < SUITE_TASKS[member]:
+            return member, task_id
+        task_id -= SUITE_TASKS[member]
+    return suite, task_id
+
+
+def step_limit(suite: str, task_id: int) -> int:
+    """OpenVLA-OFT's evaluation step limit of the task: that of the suite it belongs to."""
+    return OFT_MAX_STEPS[member_task(suite, task_id)[0]]
+
+
 @functools.cache
 def task_names(suite: str) -> tuple[str, ...]:
     """LIBERO's task names of `suite`, in benchmark order (task_order_index 0)."""
     if suite not in SUITES:
         raise ValueError(f"unknown LIBERO suite {suite!r}; valid suites: {list(SUITES)}")
+    if suite in UNIFIED_SUITES:
+        return tuple(name for member in UNIFIED_SUITES[suite] for name in task_names(member))
     path = libero_install.benchmark_root() / "benchmark" / "libero_suite_task_map.py"
     source = path.read_text()
     task_map = ast.literal_eval(source[source.index("{") : source.rindex("}") + 1])
@@ -148,10 +177,8 @@ def load_init_states(suite: str, task_id: int) -> np.ndarray:
 
     The files are `torch.save` zip archives whose pickle holds one numpy array; only numpy classes are unpickled.
     """
-    names = task_names(suite)
-    if not 0 <= task_id < len(names):
-        raise ValueError(f"{suite} task_id must be in [0, {len(names)}), got {task_id}")
-    path = libero_install.benchmark_root() / "init_files" / suite / f"{names[task_id]}.pruned_init"
+    suite, task_id = member_task(suite, task_id)
+    path = libero_install.benchmark_root() / "init_files" / suite / f"{task_names(suite)[task_id]}.pruned_init"
     with zipfile.ZipFile(path) as archive:
         member = next(n for n in archive.namelist() if n.endswith("data.pkl"))
         states = _NumpyUnpickler(io.BytesIO(archive.read(member))).load()
@@ -223,11 +250,11 @@ class LiberoEnv:
     """One LIBERO simulator; see the module docstring for what it does and why.
 
     camera_resolution: side of both cameras in pixels. settle_steps: no-op steps after each reset. max_steps: policy
-    steps per episode (None: the suite's `OFT_MAX_STEPS`). seed: per_episode, with (task, init state), seeds the
-    fixture layout; official, the `env.seed` of the official script (0 there). assets_path: LIBERO scene assets
-    ('' or None: the installed assets). hard_reset: rebuild the sim at every reset. texture_max_side: > 0 renders from
-    a copy of the assets whose textures are at most this many pixels a side (`libero_install.downscaled_assets`: less
-    memory, images within a few intensity levels of the official ones).
+    steps per episode (None: the task's suite's `OFT_MAX_STEPS`, `step_limit`). seed: per_episode, with (task, init
+    state), seeds the fixture layout; official, the `env.seed` of the official script (0 there). assets_path: LIBERO
+    scene assets ('' or None: the installed assets). hard_reset: rebuild the sim at every reset. texture_max_side: > 0
+    renders from a copy of the assets whose textures are at most this many pixels a side
+    (`libero_install.downscaled_assets`: less memory, images within a few intensity levels of the official ones).
 
     scenes: where a reset puts the fixtures (cabinets, stoves), which the init state does not hold.
     - "per_episode": from numpy's global RNG reseeded by (seed, task, init state). An episode depends only on its
@@ -286,7 +313,8 @@ class LiberoEnv:
         libero_pkg._assets_path_cache = str(self.assets)  # LIBERO reads every asset path through this cache
         from libero.libero.envs import OffScreenRenderEnv
 
-        bddl = libero_install.benchmark_root() / "bddl_files" / suite / f"{task_names(suite)[task_id]}.bddl"
+        member, member_id = member_task(suite, task_id)
+        bddl = libero_install.benchmark_root() / "bddl_files" / member / f"{task_names(member)[member_id]}.bddl"
         res = self.camera_resolution
         self._env = OffScreenRenderEnv(bddl_file_name=str(bddl), camera_heights=res, camera_widths=res,
                                        hard_reset=self.hard_reset, ignore_done=True)
@@ -334,7 +362,7 @@ class LiberoEnv:
         for i in range(self.settle_steps):
             obs, _ = self._env_step(list(NOOP_ACTION), observe=i == self.settle_steps - 1)
         self._task = task
-        self._limit = self.max_steps or OFT_MAX_STEPS[task.suite]
+        self._limit = self.max_steps or step_limit(task.suite, task.task_id)
         self._steps = 0
         self._done = False
         return self._observe(obs)

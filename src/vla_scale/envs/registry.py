@@ -46,6 +46,16 @@ def suite_instructions(name: str, suite: str) -> list[str]:
     raise ValueError(f"no instructions known for env {name!r} suite {suite!r}")
 
 
+def task_step_limits(name: str, suite: str) -> list[int] | None:
+    """Each task's own step limit, indexed by task id (LIBERO: OpenVLA-OFT's limit of the suite the task belongs
+    to), what `env.max_steps=0` plays; None for an env without one."""
+    if name == "libero":
+        from vla_scale.envs.libero import step_limit
+
+        return [step_limit(suite, task) for task in range(suite_num_tasks(name, suite))]
+    return None
+
+
 def suite_num_tasks(name: str, suite: str) -> int:
     """How many tasks `suite` of env `name` has."""
     if name == "libero":

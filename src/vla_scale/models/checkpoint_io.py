@@ -30,6 +30,9 @@ from vla_scale.models.spec import OFTSpec, openvla_config, spec_from_openvla
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 STATS, PREPROCESSOR = "dataset_statistics.json", "preprocessor_config.json"
 PROPRIO_PREFIX = "proprio_projector."
+RUN_CHECKPOINTS, LATEST = "checkpoints", "latest"
+"""A training run directory keeps its step folders in `checkpoints/`; `checkpoints/latest` names the newest complete
+one (`vla_scale.checkpoint` writes them)."""
 
 
 def _read_json(path: str) -> dict[str, Any]:
@@ -68,6 +71,19 @@ def read_spec(path: str, proprio_dim: int | None = None, **overrides: Any) -> OF
     if not config.get("norm_stats") and os.path.exists(os.path.join(path, STATS)):
         config["norm_stats"] = _read_json(os.path.join(path, STATS))
     return spec_from_openvla(config, proprio_dim=proprio_dim, **overrides)
+
+
+def step_folder(path: str) -> str:
+    """The checkpoint folder `path` stands for: a training run directory its newest complete step folder (each one
+    is a checkpoint folder of this layout), anything else itself."""
+    latest = os.path.join(path, RUN_CHECKPOINTS, LATEST)
+    if not os.path.isdir(os.path.join(path, RUN_CHECKPOINTS)):
+        return path
+    if not os.path.isfile(latest):
+        raise FileNotFoundError(f"{path} is a run directory that saved no checkpoint ({latest} is missing): pass a run "
+                                "that did, or one of its checkpoints/step_<k> folders")
+    with open(latest) as f:
+        return os.path.join(path, RUN_CHECKPOINTS, f.read().strip())
 
 
 def weight_files(path: str) -> list[str]:
@@ -153,19 +169,31 @@ def _copy_one(name: str, param: torch.nn.Parameter, tensor: torch.Tensor, zero3:
 def save_policy(policy: Any, path: str, max_shard_gb: float = 5.0) -> None:
     """Write the folder `load_policy` reads (see the module docstring) for an `OFTPolicy`, which must not be ZeRO-3
     sharded."""
-    os.makedirs(path, exist_ok=True)
     state = {n: p.detach().contiguous().cpu() for n, p in policy.named_parameters()}
+    write_folder(state, policy.spec, policy.preprocessor or policy.image_transform().preprocessor_config(), path,
+                 max_shard_gb)
+
+
+def write_folder(state: dict[str, torch.Tensor], spec: OFTSpec, preprocessor: dict[str, Any], path: str,
+                 max_shard_gb: float = 5.0) -> None:
+    """The folder `load_policy` reads, from a policy's named tensors (by parameter name, on the CPU), its spec and
+    its preprocessor_config.json: the weights (the proprio projector in its side file), config.json, the dataset
+    statistics and the preprocessor config. The tokenizer files are the tokenizer's to write."""
+    os.makedirs(path, exist_ok=True)
+    state = dict(state)
     proprio = {"module." + n.removeprefix(PROPRIO_PREFIX): state.pop(n) for n in list(state)
                if n.startswith(PROPRIO_PREFIX)}
     _save_shards(state, path, int(max_shard_gb * 2**30))
+    for old in glob.glob(os.path.join(path, "proprio_projector--*checkpoint.pt")):
+        os.remove(old)
     if proprio:
         torch.save(proprio, os.path.join(path, "proprio_projector--latest_checkpoint.pt"))
-    config = openvla_config(policy.spec)
+    config = openvla_config(spec)
     config["torch_dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
     _write_json(os.path.join(path, CONFIG), config)
-    if policy.spec.norm_stats:
-        _write_json(os.path.join(path, STATS), policy.spec.norm_stats)
-    _write_json(os.path.join(path, PREPROCESSOR), policy.preprocessor or policy.image_transform().preprocessor_config())
+    if spec.norm_stats:
+        _write_json(os.path.join(path, STATS), spec.norm_stats)
+    _write_json(os.path.join(path, PREPROCESSOR), preprocessor)
 
 
 def _save_shards(state: dict[str, torch.Tensor], path: str, max_bytes: int) -> None:

@@ -41,6 +41,7 @@ from vla_scale.models.checkpoint_io import (
     load_proprio_state,
     proprio_projector_file,
     read_spec,
+    step_folder,
     weight_files,
 )
 from vla_scale.models.policy import OFTPolicy, build_policy
@@ -158,6 +159,7 @@ class PretrainedVLA:
             except HubError as err:
                 raise ConfigError(str(err)) from err
             try:
+                folder = step_folder(folder)  # a training run: its latest step folder
                 # the checkpoint decides its architecture (model.attention etc. describe fresh policies)
                 vla = cls.from_pretrained(folder, model.unnorm_key or None, model.center_crop,
                                           use_proprio=model.use_proprio, num_images=model.num_images or None,
@@ -347,8 +349,9 @@ def check_checkpoint_folder(folder: str) -> dict[str, Any]:
 
 
 def resolve_unnorm_key(spec: OFTSpec, unnorm_key: str | None, suite: str | None, folder: str) -> str:
-    """The statistics key: the one named (it must exist); else, with a suite, the suite's or `<suite>_no_noops`
-    (the official `check_unnorm_key`, which refuses anything else); else the only one; '' without statistics."""
+    """The statistics key: the one named (it must exist); else, with a suite, the suite's, `<suite>_no_noops` (the
+    official `check_unnorm_key`) or `<suite>_no_noops_trajall` (RLinf's LIBERO-90 and LIBERO-130 uploads); else the
+    only one; '' without statistics."""
     keys = sorted(spec.norm_stats)
     named = unnorm_key or spec.unnorm_key
     if named:
@@ -358,11 +361,12 @@ def resolve_unnorm_key(spec: OFTSpec, unnorm_key: str | None, suite: str | None,
     if not keys:
         return ""
     if suite:
-        for key in (suite, f"{suite}_no_noops"):
+        candidates = (suite, f"{suite}_no_noops", f"{suite}_no_noops_trajall")
+        for key in candidates:
             if key in spec.norm_stats:
                 return key
-        raise CheckpointError(f"{folder} has no statistics for suite {suite!r} ({suite!r} or {suite + '_no_noops'!r};"
-                              f" it has {keys}): name the dataset to use with model.unnorm_key=<one of them>")
+        raise CheckpointError(f"{folder} has no statistics for suite {suite!r} (any of {list(candidates)}; it has "
+                              f"{keys}): name the dataset to use with model.unnorm_key=<one of them>")
     if len(keys) == 1:
         return keys[0]
     raise CheckpointError(f"{folder} has statistics of several datasets {keys}: pass unnorm_key")

@@ -32,5 +32,19 @@ def start_fleet(env: EnvConfig, vla: PretrainedVLA, size: int) -> SimFleet:
 
 
 def max_chunks(env: EnvConfig, chunk_len: int) -> int:
-    """Chunks an episode of `env.max_steps` env steps takes at most (the last one may stop part-way)."""
-    return -(-env.max_steps // chunk_len)
+    """Chunks an episode takes at most (the last one may stop part-way): of `env.max_steps` env steps, or with 0 of
+    the longest step limit among the tasks played."""
+    return -(-episode_steps(env) // chunk_len)
+
+
+def episode_steps(env: EnvConfig) -> int:
+    """The most env steps an episode of `env` plays: `env.max_steps`, or with 0 the longest own step limit among
+    tasks 0..env.num_tasks-1."""
+    if env.max_steps:
+        return env.max_steps
+    from vla_scale.envs.registry import task_step_limits
+
+    limits = task_step_limits(env.name, env.suite)
+    if limits is None:
+        raise ValueError(f"env.max_steps=0 but env {env.name!r} has no step limit per task")
+    return max(limits[: env.num_tasks])
