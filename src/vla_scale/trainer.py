@@ -29,6 +29,7 @@ from vla_scale.algo import (
     group_advantages,
     group_success_filter,
     logprob_mismatch,
+    loss_normaliser,
     token_weights,
     truncated_is_weights,
 )
@@ -385,9 +386,16 @@ class Trainer:
         a, m = self.cfg.algo, self.cfg.model
         rows = [(trajs[e], k, adv[e].item(), e) for e, k in mini]
         mask = executed_action_mask(torch.tensor([t.executed[k] for t, k, _, _ in rows]), m.chunk_len, m.action_dim)
-        weights = token_weights(mask, torch.tensor([e for *_, e in rows]), a.loss_agg).float()
+        episodes = torch.tensor([e for *_, e in rows])
+        weights = token_weights(mask, episodes, a.loss_agg, self._normaliser(mask, episodes)).float()
         rollout = torch.from_numpy(np.stack([t.logprobs[k] for t, k, _, _ in rows]))
         return MiniBatch(rows, mask, weights, rollout, rollout, np.array_split(np.arange(len(rows)), a.micro_batches))
+
+    def _normaliser(self, mask: torch.Tensor, episodes: torch.Tensor) -> float:
+        """The loss normaliser of this mini-batch over every rank's share of it (`algo.loss_normaliser`), divided by
+        the ranks DeepSpeed averages gradients over: each episode weighs what it would on one rank."""
+        local = loss_normaliser(mask, episodes, self.cfg.algo.loss_agg)
+        return self._mean_over_ranks(local)
 
     def _recompute_old_logprobs(self, minis: list[MiniBatch]) -> None:
         """The actor's own log-probs, before any optimizer step, on exactly the rollout's inputs become the old

@@ -9,6 +9,7 @@ from vla_scale.algo.grpo import (
     group_success_filter,
     logprob_mismatch,
     logprobs_from_logits,
+    loss_normaliser,
     token_entropy,
     token_weights,
     truncated_is_weights,
@@ -24,6 +25,7 @@ __all__ = [
     "logprob_mismatch",
     "logprobs_from_logits",
     "token_entropy",
+    "loss_normaliser",
     "token_weights",
     "truncated_is_weights",
 ]

@@ -117,7 +117,17 @@ def executed_action_mask(executed: Tensor, chunk_len: int, action_dim: int) -> T
     return action.unsqueeze(0) < executed.long().unsqueeze(1)
 
 
-def token_weights(mask: Tensor, trajectory: Tensor, aggregation: str) -> Tensor:
+def loss_normaliser(mask: Tensor, trajectory: Tensor, aggregation: str) -> float:
+    """What `token_weights` divides by: the valid tokens of the mini-batch (token_mean) or its episodes with a valid
+    token (trajectory_mean). Summed over the ranks, it makes several ranks weigh episodes as one rank would."""
+    _check_weights_args(mask, trajectory, aggregation)
+    if aggregation == "token_mean":
+        return float(mask.bool().sum())
+    index, n = _group_index(trajectory, trajectory.shape[0], mask.device)
+    return float((_group_sums(mask.bool().to(torch.float64).sum(dim=1), index, n) > 0).sum())
+
+
+def token_weights(mask: Tensor, trajectory: Tensor, aggregation: str, normaliser: float | None = None) -> Tensor:
     """Per-token weights float64 [M, L] of one mini-batch's loss, summing to 1 over its valid tokens.
 
     `mask` bool [M, L]: valid tokens of each row (a chunk step); `trajectory` [M]: which episode each row belongs to.
@@ -127,19 +137,26 @@ def token_weights(mask: Tensor, trajectory: Tensor, aggregation: str) -> Tensor:
       RLinf's aggregation): a token of episode e weighs 1 / (E * |valid_e|), whatever the episode's length. The
       mini-batch must hold whole episodes for this to mean what it says.
     The weights do not depend on how the mini-batch is split into micro-batches: each micro-batch's loss is the sum
-    of its tokens' weighted objectives, and the mini-batch's loss is the sum of those.
+    of its tokens' weighted objectives, and the mini-batch's loss is the sum of those. `normaliser` replaces |valid|
+    or E (`loss_normaliser`): with several ranks, the sum over ranks divided by their number, so that the mean of the
+    ranks' gradients (DeepSpeed's) is the gradient one rank holding every episode would compute.
     """
+    _check_weights_args(mask, trajectory, aggregation)
+    valid = mask.bool().to(torch.float64)
+    total = loss_normaliser(mask, trajectory, aggregation) if normaliser is None else normaliser
+    total = total if total > 0 else 1.0  # nothing valid: every weight is 0 anyway
+    if aggregation == "token_mean":
+        return valid / total
+    index, n = _group_index(trajectory, trajectory.shape[0], mask.device)
+    per_episode = _group_sums(valid.sum(dim=1), index, n)
+    return valid / (per_episode[index].clamp(min=1) * total).unsqueeze(1)
+
+
+def _check_weights_args(mask: Tensor, trajectory: Tensor, aggregation: str) -> None:
     if aggregation not in LOSS_AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {aggregation!r}; choose one of {LOSS_AGGREGATIONS}")
     if mask.dim() != 2 or trajectory.shape != mask.shape[:1]:
         raise ValueError(f"need mask [M, L] and trajectory [M], got {tuple(mask.shape)} and {tuple(trajectory.shape)}")
-    valid = mask.bool().to(torch.float64)
-    if aggregation == "token_mean":
-        return valid / valid.sum().clamp(min=1)
-    index, n = _group_index(trajectory, trajectory.shape[0], mask.device)
-    per_episode = _group_sums(valid.sum(dim=1), index, n)
-    episodes = (per_episode > 0).sum().clamp(min=1)
-    return valid / (per_episode[index].clamp(min=1) * episodes).unsqueeze(1)
 
 
 OLD_LOGPROBS = ("rollout", "recompute")
