@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import warnings
 
@@ -77,7 +78,11 @@ def main(dict_cfg: DictConfig) -> float:
         validate(cfg, int(os.environ.get("WORLD_SIZE", "1")))
     except ConfigError as err:
         sys.exit(f"error: {err}")
+    from vla_scale.checkpoint import CheckpointWriteError
+    from vla_scale.stop_signals import EXIT_CODE, Preempted
     from vla_scale.trainer import RunComplete, Trainer
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit: a write fails with an error we report
 
     try:  # the policy against the env, the Ray address, a resumed run's checkpoint: before anything starts
         trainer = Trainer(cfg, run_dir)
@@ -91,6 +96,11 @@ def main(dict_cfg: DictConfig) -> float:
               f"policy:        {trainer.vla.describe(trainer.cfg.env)}", flush=True)
     try:
         metrics = trainer.train()
+    except Preempted as stopped:
+        print(stopped, flush=True)
+        sys.exit(EXIT_CODE)
+    except CheckpointWriteError as err:
+        sys.exit(f"error: {err}")
     finally:
         trainer.close()
     if trainer.rank == 0:

@@ -304,7 +304,9 @@ class Actor:
             self.states_offloaded = False
 
     def save(self, directory: str, tag: str, client_state: dict) -> None:
-        self.engine.save_checkpoint(directory, tag=tag, client_state=client_state)
+        """DeepSpeed's files of `directory/tag`; its own `latest` file is not written (the trainer names the latest
+        complete checkpoint itself, `checkpoint.publish`)."""
+        self.engine.save_checkpoint(directory, tag=tag, client_state=client_state, save_latest=False)
 
     def load(self, directory: str, tag: str) -> dict:
         path, client_state = self.engine.load_checkpoint(directory, tag=tag)

@@ -14,6 +14,8 @@ import dataclasses
 import json
 import os
 import random
+import resource
+import shutil
 from typing import Any
 
 import numpy as np
@@ -116,6 +118,80 @@ def save_adapters(module: torch.nn.Module, folder: str, lora: Any, bucket_mb: fl
             adapters.update((name, t.detach().cpu().clone()) for name, t in bucket)
     if write:
         write_adapters(folder, adapters, lora, base)
+
+
+PARTIAL = ".partial"
+"""A step folder being written carries this suffix until every rank has written its part."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint that could not be written; the message names the path, the bytes it needs and what stays."""
+
+
+def partial_tag(tag: str) -> str:
+    return tag + PARTIAL
+
+
+def remove_folder(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+
+
+def publish(run_dir: str, partial: str, tag: str) -> None:
+    """The written `partial` folder becomes `tag` (replacing an older one of that name) and `latest` names it; each
+    move is a rename, so `latest` names either the previous checkpoint or this complete one."""
+    root = checkpoint_root(run_dir)
+    remove_folder(os.path.join(root, tag))
+    os.replace(os.path.join(root, partial), os.path.join(root, tag))
+    mark_latest(run_dir, tag)
+
+
+def space_problem(run_dir: str, module: torch.nn.Module) -> str:
+    """Why the next checkpoint cannot be written, seen before writing it ('' when it can): fewer bytes free in the
+    run directory than it needs, or a file-size limit on this process below its largest file."""
+    total, largest = needed_bytes(run_dir, module)
+    free = shutil.disk_usage(run_dir).free
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if free < total:
+        return _refusal(run_dir, f"{free} bytes are free in {run_dir}", total, largest)
+    if soft != resource.RLIM_INFINITY and soft < largest:
+        return _refusal(run_dir, f"this process may write files of at most {soft} bytes (`ulimit -f`)", total,
+                        largest)
+    return ""
+
+
+def write_failure(run_dir: str, folder: str, err: Exception, module: torch.nn.Module) -> CheckpointWriteError:
+    """The error for a checkpoint write that failed: the partial folder removed, the path that failed, the bytes
+    needed, what stays latest."""
+    remove_folder(folder)
+    total, largest = needed_bytes(run_dir, module)
+    where = getattr(err, "filename", None) or folder
+    return CheckpointWriteError(_refusal(run_dir, f"writing {where} failed ({err})", total, largest))
+
+
+def needed_bytes(run_dir: str, module: torch.nn.Module) -> tuple[int, int]:
+    """(bytes, largest file) of the next checkpoint: the latest one's, else estimated from the parameters (weights
+    twice, in DeepSpeed's module states and model.safetensors, plus fp32 master weights and Adam moments)."""
+    tag = latest_tag(run_dir)
+    previous = os.path.join(checkpoint_root(run_dir), tag) if tag else ""
+    sizes = [os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(previous) for f in files] if previous \
+        else []
+    if sizes:
+        return sum(sizes), max(sizes)
+    weights = trainable = 0
+    for p in module.parameters():
+        n = int(getattr(p, "ds_numel", p.numel()))
+        weights += n * p.element_size()
+        trainable += n if p.requires_grad else 0
+    return 2 * weights + 12 * trainable, 12 * trainable
+
+
+def _refusal(run_dir: str, why: str, total: int, largest: int) -> str:
+    tag = latest_tag(run_dir)
+    kept = f"{tag} stays the latest checkpoint, untouched" if tag else "no earlier checkpoint exists"
+    return (f"cannot write the checkpoint: {why}; it needs about {total} bytes ({total / 2**20:.1f} MiB), its "
+            f"largest file about {largest} bytes; {kept}. Free space or raise the limit, then continue with "
+            "resume=true")
 
 
 def mark_latest(run_dir: str, tag: str) -> None:

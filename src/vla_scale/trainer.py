@@ -44,6 +44,7 @@ from vla_scale.rollout.stack import max_chunks, start_fleet, start_ray_for
 from vla_scale.run_log import RunLogger, progress
 from vla_scale.sim.cluster import ray_address_problem, start_ray
 from vla_scale.sim.fleet import SimFleet
+from vla_scale.stop_signals import Preempted, StopSignals
 from vla_scale.sync.weight_sync import SyncReport, sync_weights
 
 
@@ -204,6 +205,7 @@ class Trainer:
         self.next_specs: list[TaskSpec] | None = None
         self.events: deque[tuple[str, float]] = deque(maxlen=64)  # (what, when): the recent reset/update overlap
         self.fleet: SimFleet | None = None
+        self.stop = StopSignals()
         self.ready = False
 
     def setup(self) -> None:
@@ -220,6 +222,7 @@ class Trainer:
         self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
         self._start_ray()
         self.fleet = start_fleet(cfg.env, self.vla, self.groups * cfg.algo.group_size)
+        self.stop.install()  # after Ray's driver installed its own SIGTERM handler
         self.loop = EnvLoop(self.fleet, self.engine, self.vla, self.max_chunks)
         if cfg.resume:
             self.load_latest()
@@ -245,6 +248,8 @@ class Trainer:
         if not self.ready:
             self.setup()
         last: dict[str, float] = {}
+        if self.rank == 0:
+            print(f"training steps {self.step + 1}-{cfg.steps}", flush=True)
         bar = progress(cfg.steps, self.step, cfg.progress and self.rank == 0, "train")
         while self.step < cfg.steps:
             if self.schedule.evaluates_before(self.step):
@@ -255,14 +260,27 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(success=f"{metrics['train/success_rate']:.2f}",
                             eval=f"{last.get('eval/success_rate', 0):.2f}")
-            if self.schedule.saves_after(self.step):
+            saved = self.schedule.saves_after(self.step)
+            if saved:
                 self.save()
+            if self._mean_over_ranks(float(self.stop.requested)) > 0:  # every rank stops after the same step
+                bar.close()
+                self._stop_preempted(saved)
         bar.close()
         last.update(self.evaluate())
         if cfg.save_every:
             self.save()
         self.log.close()
         return last
+
+    def _stop_preempted(self, saved: bool) -> None:
+        """After a SIGTERM: this step's checkpoint (unless just written), then `Preempted` saying how to resume."""
+        if not saved:
+            self.save()
+        self.log.close()
+        raise Preempted(f"stopped by SIGTERM after step {self.step}, saved as "
+                        f"{os.path.join(checkpoint.checkpoint_root(self.run_dir), f'step_{self.step}')}; continue with "
+                        f"the same command plus run_dir={self.run_dir} resume=true")
 
     def train_step(self) -> dict[str, float]:
         """One RL step: rollout (with refills), the update (old log-probs recomputed first where configured), the
@@ -461,23 +479,43 @@ class Trainer:
 
     # ---- checkpoints ------------------------------------------------------------------------------------------------
     def save(self) -> None:
+        """A checkpoint of this step, written into `step_<k>.partial` and renamed to `step_<k>` only when every rank
+        has written its part, then named by `latest`: a trainer killed at any point leaves `latest` naming a complete
+        checkpoint. A write that fails (a full disk, a file-size limit) removes the partial folder and raises
+        `checkpoint.CheckpointWriteError` naming the path and the bytes needed; the previous checkpoint stays latest."""
         tag = f"step_{self.step}"
         root = checkpoint.checkpoint_root(self.run_dir)
+        partial = checkpoint.partial_tag(tag)
+        if self.rank == 0:
+            checkpoint.remove_folder(os.path.join(root, partial))  # left by a trainer killed while writing it
+        self._barrier()
         state = {"step": self.step, "version": self.version, "sampler": self.sampler.state_dict(),
                  "engine_rng": self.engine.generator.get_state(), "rng": checkpoint.rng_state(),
                  "next_specs": self.next_specs}
-        with self.memory.optimizer_on_device():
-            self.actor.save(root, tag, {"step": self.step})
-        checkpoint.write_trainer_state(os.path.join(root, tag), self.rank, state)
+        folder = os.path.join(root, partial)
+        problem = checkpoint.space_problem(self.run_dir, self.actor.policy) if self.rank == 0 else ""
+        if self._mean_over_ranks(float(bool(problem))) > 0:  # every rank stops before the first collective
+            raise checkpoint.CheckpointWriteError(problem or "rank 0 cannot write the checkpoint (its error says why)")
+        try:
+            with self.memory.optimizer_on_device():
+                self.actor.save(root, partial, {"step": self.step})
+            checkpoint.write_trainer_state(folder, self.rank, state)
+            if self.rank == 0:
+                checkpoint.write_run_config(folder, self.cfg.model, self.cfg.algo, self.world)
+            checkpoint.save_policy_folder(self.actor.policy, folder, self.vla.tokenizer,
+                                          self.cfg.deepspeed.sync_bucket_mb, self.rank == 0)
+            if self.actor.adapted:  # the adapters alone too, in PEFT's layout
+                checkpoint.save_adapters(self.actor.policy, folder, self.cfg.model.lora,
+                                         self.cfg.deepspeed.sync_bucket_mb, self.rank == 0, self.vla.source)
+        except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
+            raise checkpoint.write_failure(self.run_dir, folder, err, self.actor.policy) from err
+        self._barrier()
         if self.rank == 0:
-            checkpoint.write_run_config(os.path.join(root, tag), self.cfg.model, self.cfg.algo, self.world)
-        checkpoint.save_policy_folder(self.actor.policy, os.path.join(root, tag), self.vla.tokenizer,
-                                      self.cfg.deepspeed.sync_bucket_mb, self.rank == 0)
-        if self.actor.adapted:  # the adapters alone too, in PEFT's layout
-            checkpoint.save_adapters(self.actor.policy, os.path.join(root, tag), self.cfg.model.lora,
-                                     self.cfg.deepspeed.sync_bucket_mb, self.rank == 0, self.vla.source)
-        if self.rank == 0:
-            checkpoint.mark_latest(self.run_dir, tag)
+            checkpoint.publish(self.run_dir, partial, tag)
+
+    def _barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
 
     def load_latest(self) -> None:
         tag = checkpoint.latest_tag(self.run_dir)
@@ -496,5 +534,6 @@ class Trainer:
             self.loop.prefetch(self._episodes(self.next_specs))
 
     def close(self) -> None:
+        self.stop.uninstall()
         if self.fleet is not None:
             self.fleet.close()
