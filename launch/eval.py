@@ -37,6 +37,7 @@ from vla_scale.config import (  # noqa: E402
     Config,
     ConfigError,
     EnvConfig,
+    explicit_keys,
     init_state_ids,
     moved_key_error,
     register_configs,
@@ -80,7 +81,7 @@ def write_tables(run_dir: str, suite: str, rows: list[list[str]], protocol: str 
     return csv_path, md_path
 
 
-def evaluate(cfg: Config, run_dir: str) -> float:
+def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) -> float:
     import numpy as np
 
     from vla_scale.envs.registry import suite_instructions
@@ -92,7 +93,7 @@ def evaluate(cfg: Config, run_dir: str) -> float:
     from vla_scale.run_log import RunLogger, progress
     from vla_scale.trainer import resolved_config
 
-    vla = PretrainedVLA.for_env(cfg.model, cfg.env)  # checked against the env before anything starts
+    vla = PretrainedVLA.for_env(cfg.model, cfg.env, explicit)  # checked against the env before anything starts
     cfg = resolved_config(cfg, vla)
     e = cfg.env
     instructions = suite_instructions(e.name, e.suite)
@@ -159,7 +160,7 @@ def main(dict_cfg: DictConfig) -> float:
         if unreachable:
             raise ConfigError(unreachable)
         os.makedirs(run_dir, exist_ok=True)
-        return evaluate(cfg, run_dir)
+        return evaluate(cfg, run_dir, explicit_keys(HydraConfig.get().overrides.task))
     except ConfigError as err:
         sys.exit(f"error: {err}")
 

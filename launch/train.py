@@ -63,7 +63,14 @@ sys.argv = _keep_run_record(_shared_run_dir(_strip_local_rank(sys.argv)))
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
-from vla_scale.config import ConfigError, moved_key_error, register_configs, to_config, validate  # noqa: E402
+from vla_scale.config import (  # noqa: E402
+    ConfigError,
+    explicit_keys,
+    moved_key_error,
+    register_configs,
+    to_config,
+    validate,
+)
 
 register_configs()
 if moved := moved_key_error(sys.argv[1:]):
@@ -85,7 +92,7 @@ def main(dict_cfg: DictConfig) -> float:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit: a write fails with an error we report
 
     try:  # the policy against the env, the Ray address, a resumed run's checkpoint: before anything starts
-        trainer = Trainer(cfg, run_dir)
+        trainer = Trainer(cfg, run_dir, explicit_keys(HydraConfig.get().overrides.task))
     except ConfigError as err:
         sys.exit(f"error: {err}")
     except RunComplete as done:

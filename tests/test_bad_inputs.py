@@ -124,6 +124,8 @@ def test_a_broken_latest_pointer_names_the_file(run_copy):
 
 
 def test_eval_of_a_damaged_step_folder_names_the_file(run_copy, tmp_path):
+    out = refused("eval", *TINY, "model.hidden_size=48", f"model.checkpoint={run_copy}", f"run_dir={tmp_path / 'eval'}")
+    assert "model.hidden_size=48 but" in out and "has 32" in out  # never silently the checkpoint's value
     weights = run_copy / "checkpoints" / "step_3" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # a copy cut short
     out = refused("eval", *TINY, f"model.checkpoint={run_copy}", f"run_dir={tmp_path / 'eval'}")

@@ -141,3 +141,32 @@ def _saved_model_algo(step: Path):
     saved = json.loads((step / checkpoint.RUN_CONFIG).read_text())
     model = ModelConfig(**{**saved["model"], "lora": LoraConfig(**saved["model"]["lora"])})
     return model, AlgoConfig(**saved["algo"])
+
+
+def test_a_checkpoint_folder_is_data_never_code(tmp_path: Path) -> None:
+    """The official folders ship `modeling_*.py` for transformers' trust_remote_code: nothing of it runs here, and
+    the hub downloads none of it; pickles are read with weights_only (tests/models/test_checkpoint_io.py)."""
+    import fnmatch
+    import json
+
+    import torch
+
+    from vla_scale.config import EnvConfig, ModelConfig, ParallelConfig
+    from vla_scale.envs.reach import instructions
+    from vla_scale.models import PretrainedVLA
+    from vla_scale.models.hub import LOADED_FILES
+
+    torch.manual_seed(0)
+    PretrainedVLA.from_config(ModelConfig(), instructions()).save_pretrained(str(tmp_path))
+    marker = tmp_path / "code_ran"
+    for name in ("modeling_prismatic.py", "configuration_prismatic.py", "processing_prismatic.py"):
+        (tmp_path / name).write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "configuration_prismatic.OpenVLAConfig",
+                          "AutoModelForVision2Seq": "modeling_prismatic.OpenVLAForActionPrediction"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    vla = PretrainedVLA.for_env(ModelConfig(checkpoint=str(tmp_path)), EnvConfig())
+    assert vla.policy is not None and not marker.exists()
+    assert not any(fnmatch.fnmatch(name, pattern) for pattern in LOADED_FILES for name in ("modeling_prismatic.py",
+                                                                                           "configuration_prismatic.py"))
+    assert ParallelConfig().ray_dashboard is False  # the dashboard stays off unless asked (then on 127.0.0.1)

@@ -501,6 +501,12 @@ def moved_key_problems(overrides: list[str]) -> list[str]:
     return problems
 
 
+def explicit_keys(overrides: list[str]) -> frozenset[str]:
+    """The dotted keys a command line sets (`model.chunk_len=4`, `+x.y=1`); group choices (`model=tiny`) are not
+    keys."""
+    return frozenset(key for arg in overrides if "." in (key := arg.lstrip("+~").partition("=")[0]))
+
+
 def value_at(cfg: Any, key: str) -> Any:
     """`cfg`'s value under a dotted key (`env.rollout.pipeline_stage_num`)."""
     for part in key.split("."):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -177,7 +177,9 @@ def resolved_config(cfg: Config, vla: PretrainedVLA) -> Config:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: str):
+    def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = ()):
+        """Checks only (nothing starts): the configuration, the Ray address, the policy against the env and the
+        `explicit` keys of the command line (`PretrainedVLA.for_env`), a resumed run against its checkpoint."""
         if cfg.deterministic:
             make_deterministic()
         self.rank, self.world = init_distributed()
@@ -186,7 +188,7 @@ class Trainer:
         if unreachable:
             raise ConfigError(unreachable)
         # policy, tokenizer, processor and action post-processing from one source, checked against the env
-        self.vla = PretrainedVLA.for_env(cfg.model, cfg.env)
+        self.vla = PretrainedVLA.for_env(cfg.model, cfg.env, explicit)
         self.cfg = cfg = resolved_config(cfg, self.vla)
         self.run_dir = run_dir
         if cfg.resume:  # before anything starts: the run must be resumable with this configuration

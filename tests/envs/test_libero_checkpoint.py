@@ -90,13 +90,14 @@ def test_bad_checkpoint_inputs_fail_before_any_simulator_starts(tmp_path: Path) 
 
 def test_a_folder_without_tokenizer_files_is_refused(tmp_path: Path) -> None:
     from vla_scale.models import PretrainedVLA
+    from vla_scale.models.pretrained import CheckpointError
 
     folder = tmp_path / "no_tokenizer"
     folder.mkdir()
     for item in FOLDER.iterdir():
         if not item.name.startswith(("tokenizer", "special_tokens")):
             (folder / item.name).symlink_to(item)
-    with pytest.raises(FileNotFoundError, match="has no tokenizer: tokenizer.json"):
+    with pytest.raises(CheckpointError, match="has no tokenizer: tokenizer.json"):
         PretrainedVLA.from_pretrained(str(folder), unnorm_key="libero_spatial_no_noops")
     truncated = tmp_path / "truncated"
     truncated.mkdir()

@@ -170,3 +170,30 @@ def test_a_policy_folder_written_from_gathered_tensors_loads_as_the_policy(tmp_p
     assert all(torch.equal(a, b) for a, b in zip(vla.policy.state_dict().values(), back.policy.state_dict().values(),
                                                  strict=True))
     assert back.prompt_ids(instructions()[0]).tolist() == vla.prompt_ids(instructions()[0]).tolist()
+
+
+def test_a_folder_with_several_problems_names_them_all_at_once(tmp_path):
+    from vla_scale.models import PretrainedVLA
+    from vla_scale.models.pretrained import CheckpointError
+
+    OFTPolicy(spec_from_openvla(official_config(), proprio_dim=8)).save_pretrained(str(tmp_path))  # no tokenizer
+    with pytest.raises(CheckpointError) as refused:
+        PretrainedVLA.from_pretrained(str(tmp_path), unnorm_key="bridge_orig")
+    assert "2 problems" in str(refused.value) and "has no tokenizer" in str(refused.value)
+    assert "model.unnorm_key='bridge_orig' is not among" in str(refused.value)
+
+
+def test_model_keys_set_on_the_command_line_that_a_checkpoint_contradicts_are_refused(tmp_path):
+    from vla_scale.config import ConfigError, EnvConfig
+    from vla_scale.models import PretrainedVLA
+
+    torch.manual_seed(0)
+    PretrainedVLA.from_config(ModelConfig(), instructions()).save_pretrained(str(tmp_path))
+    asked = ModelConfig(checkpoint=str(tmp_path), chunk_len=4, hidden_size=48, max_text_len=24)
+    with pytest.raises(ConfigError) as refused:
+        PretrainedVLA.for_env(asked, EnvConfig(), {"model.chunk_len", "model.hidden_size", "model.max_text_len"})
+    message = str(refused.value)
+    assert "model.chunk_len=4 but" in message and "has 8" in message and "model.hidden_size=48 but" in message
+    assert "max_text_len" not in message  # a prompt budget applies on top of a checkpoint
+    vla = PretrainedVLA.for_env(asked, EnvConfig())  # not set by the user: the checkpoint's values
+    assert vla.model_config(asked).chunk_len == 8

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -54,6 +54,10 @@ from vla_scale.models.spec import (
     spec_from_openvla,
 )
 from vla_scale.models.tokenizer import HFTokenizer, TextTokenizer, WordTokenizer, prompt_text
+
+CHECKPOINT_OVERRIDES = ("checkpoint", "unnorm_key", "center_crop", "use_proprio", "num_images", "max_text_len")
+"""`model.*` keys applied on top of a checkpoint folder (the others describe a fresh policy, which a checkpoint
+replaces with its own); `model.lora.*` is not a field of the policy either."""
 
 
 class CheckpointError(ValueError):
@@ -96,12 +100,18 @@ class PretrainedVLA:
         libero). `max_text_len`: a fixed prompt budget checked against `instructions` (0: sized to them; without
         instructions each batch pads to its longest prompt)."""
         config = check_checkpoint_folder(folder)
-        tokenizer = HFTokenizer.from_folder(folder)
+        problems: list[str] = []  # every problem of the folder, reported together
+        tokenizer: HFTokenizer | None = None
+        try:
+            tokenizer = HFTokenizer.from_folder(folder)
+        except (FileNotFoundError, ValueError) as err:
+            problems.append(str(err))
+        proprio = None
         try:
             proprio = load_proprio_state(folder)
         except Exception as err:  # torch.load raises several types for a corrupt archive
-            raise CheckpointError(f"{proprio_projector_file(folder)} is unreadable ({err}): the download or copy is "
-                                  "incomplete") from err
+            problems.append(f"{proprio_projector_file(folder)} is unreadable ({err}): the download or copy is "
+                            "incomplete")
         proprio_dim = proprio["fc1.weight"].shape[1] if proprio else None
         overrides: dict[str, Any] = {k: v for k, v in (("center_crop", center_crop), ("attention", attention),
                                                        ("use_proprio", use_proprio), ("num_images", num_images))
@@ -111,12 +121,19 @@ class PretrainedVLA:
         try:
             spec = read_spec(folder, proprio_dim=proprio_dim, **overrides)
         except (KeyError, TypeError, ValueError) as err:
-            raise CheckpointError(f"{folder}/{CONFIG} does not describe an OpenVLA-OFT policy: {err}") from err
-        overrides["unnorm_key"] = resolve_unnorm_key(spec, unnorm_key, suite, folder)
+            raise CheckpointError("\n  - ".join([*problems, f"{folder}/{CONFIG} does not describe an OpenVLA-OFT "
+                                                              f"policy: {err}"])) from err
+        try:
+            overrides["unnorm_key"] = resolve_unnorm_key(spec, unnorm_key, suite, folder)
+        except CheckpointError as err:
+            problems.append(str(err))
+        if tokenizer is not None and tokenizer.vocab_size > spec.llm["vocab_size"]:
+            problems.append(f"{folder}: its tokenizer has {tokenizer.vocab_size} ids but the model embeds only "
+                            f"{spec.llm['vocab_size']}: the tokenizer files belong to another model")
+        if problems or tokenizer is None:
+            raise CheckpointError(problems[0] if len(problems) == 1 else
+                                  f"{len(problems)} problems:\n  - " + "\n  - ".join(problems))
         spec = replace(spec, unnorm_key=overrides["unnorm_key"])
-        if tokenizer.vocab_size > spec.llm["vocab_size"]:
-            raise CheckpointError(f"{folder}: its tokenizer has {tokenizer.vocab_size} ids but the model embeds only "
-                                  f"{spec.llm['vocab_size']}: the tokenizer files belong to another model")
         env = env or _platform_env(spec, folder)
         preprocessor = _read_json(os.path.join(folder, PREPROCESSOR)) if os.path.isfile(
             os.path.join(folder, PREPROCESSOR)) else None
@@ -145,9 +162,10 @@ class PretrainedVLA:
         return cls(spec, tokenizer, processor, env, build, f"a fresh model={model.name}")
 
     @classmethod
-    def for_env(cls, model: ModelConfig, env: EnvConfig) -> PretrainedVLA:
+    def for_env(cls, model: ModelConfig, env: EnvConfig, explicit: Collection[str] = ()) -> PretrainedVLA:
         """The policy of a run on `env`: `model.checkpoint`'s, else a fresh one; raises ConfigError naming every
-        key that does not fit, before any simulator starts."""
+        key that does not fit, before any simulator starts. `explicit`: the keys the command line set (`model.*`
+        ones a checkpoint contradicts are refused rather than silently replaced by the checkpoint's values)."""
         from vla_scale.envs.registry import suite_instructions
 
         instructions = suite_instructions(env.name, env.suite)
@@ -178,10 +196,28 @@ class PretrainedVLA:
                 vla = vla.with_adapters(model.lora.path)
             except ValueError as err:
                 raise ConfigError(f"model.lora.path={model.lora.path!r}: {err}") from err
-        problems = vla.check_env(env)
+        contradicted = vla.contradicted_keys(model, explicit) if model.checkpoint else []
+        problems = contradicted + vla.check_env(env)
         if problems:
-            raise ConfigError("the policy does not fit the env:\n  - " + "\n  - ".join(problems))
+            what = "the command line and the checkpoint disagree, or the policy does not fit the env" if contradicted \
+                else "the policy does not fit the env"
+            raise ConfigError(what + ":\n  - " + "\n  - ".join(problems))
         return vla
+
+    def contradicted_keys(self, model: ModelConfig, explicit: Collection[str]) -> list[str]:
+        """One line per `model.*` key set in `explicit` whose value this checkpoint's policy does not have (keys in
+        `CHECKPOINT_OVERRIDES` are applied on top of a checkpoint, so they never contradict it)."""
+        resolved = self.model_config(model)
+        problems = []
+        for key in sorted(explicit):
+            name = key.removeprefix("model.")
+            if not key.startswith("model.") or name in CHECKPOINT_OVERRIDES or not hasattr(resolved, name):
+                continue
+            if getattr(resolved, name) != getattr(model, name):
+                problems.append(f"model.{name}={getattr(model, name)!r} but {self.source} has "
+                                f"{getattr(resolved, name)!r}: the checkpoint decides its architecture; drop "
+                                f"model.{name} (or load another checkpoint)")
+        return problems
 
     def with_adapters(self, folder: str) -> PretrainedVLA:
         """This source with a LoRA adapter folder (PEFT layout) merged into every policy it builds (`models/lora.py`);
