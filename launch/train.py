@@ -87,7 +87,7 @@ def main(dict_cfg: DictConfig) -> float:
         sys.exit(f"error: {err}")
     from vla_scale.checkpoint import CheckpointWriteError
     from vla_scale.stop_signals import EXIT_CODE, Preempted
-    from vla_scale.trainer import RunComplete, Trainer
+    from vla_scale.trainer import RunComplete, SimulatorLost, Trainer
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit: a write fails with an error we report
 
@@ -106,7 +106,7 @@ def main(dict_cfg: DictConfig) -> float:
     except Preempted as stopped:
         print(stopped, flush=True)
         sys.exit(EXIT_CODE)
-    except CheckpointWriteError as err:
+    except (CheckpointWriteError, SimulatorLost) as err:
         sys.exit(f"error: {err}")
     finally:
         trainer.close()

@@ -43,7 +43,7 @@ from vla_scale.rollout.sampler import TaskSampler
 from vla_scale.rollout.stack import max_chunks, start_fleet, start_ray_for
 from vla_scale.run_log import RunLogger, progress
 from vla_scale.sim.cluster import ray_address_problem, start_ray
-from vla_scale.sim.fleet import SimFleet
+from vla_scale.sim.fleet import SimFleet, SimNodeLost
 from vla_scale.stop_signals import Preempted, StopSignals
 from vla_scale.sync.weight_sync import SyncReport, sync_weights
 
@@ -60,6 +60,10 @@ class MiniBatch:
     rollout: torch.Tensor  # float32 [R, K]
     old: torch.Tensor  # float32 [R, K]
     parts: list[np.ndarray]
+
+
+class SimulatorLost(RuntimeError):
+    """The run stopped because simulators were lost with their node; the last finished step is saved."""
 
 
 @dataclass
@@ -254,9 +258,14 @@ class Trainer:
             print(f"training steps {self.step + 1}-{cfg.steps}", flush=True)
         bar = progress(cfg.steps, self.step, cfg.progress and self.rank == 0, "train")
         while self.step < cfg.steps:
+            before = self.resume_state()  # what a checkpoint of the last finished step holds
             if self.schedule.evaluates_before(self.step):
                 last.update(self.evaluate())
-            metrics = self.train_step()
+            try:
+                metrics = self.train_step()
+            except SimNodeLost as err:
+                bar.close()
+                self._stop_lost_node(err, before)
             self.log.scalars(metrics, self.step)
             last.update(metrics)
             bar.update(1)
@@ -274,6 +283,18 @@ class Trainer:
             self.save()
         self.log.close()
         return last
+
+    def _stop_lost_node(self, err: SimNodeLost, before: dict) -> None:
+        """A simulation node lost mid-step: the last finished step saved (from the states it ended with, so a resume
+        continues exactly), the loss counted in TensorBoard, then `SimulatorLost` saying how to go on."""
+        self.log.scalars({"faults/lost_sim_workers": 1.0}, self.step + 1)
+        if checkpoint.latest_step(self.run_dir) != self.step:
+            self.save(before)
+        self.log.close()
+        raise SimulatorLost(f"{err}; step {self.step + 1} was abandoned and step {self.step} is saved in "
+                            f"{os.path.join(checkpoint.checkpoint_root(self.run_dir), f'step_{self.step}')}: bring "
+                            f"the simulation nodes back (`ray status`), then continue with the same command plus "
+                            f"run_dir={self.run_dir} resume=true")
 
     def _stop_preempted(self, saved: bool) -> None:
         """After a SIGTERM: this step's checkpoint (unless just written), then `Preempted` saying how to resume."""
@@ -480,7 +501,13 @@ class Trainer:
         return metrics
 
     # ---- checkpoints ------------------------------------------------------------------------------------------------
-    def save(self) -> None:
+    def resume_state(self) -> dict:
+        """This rank's state a checkpoint holds beside the weights (step, version, sampler, RNGs, next task specs)."""
+        return {"step": self.step, "version": self.version, "sampler": self.sampler.state_dict(),
+                "engine_rng": self.engine.generator.get_state(), "rng": checkpoint.rng_state(),
+                "next_specs": self.next_specs}
+
+    def save(self, state: dict | None = None) -> None:
         """A checkpoint of this step, written into `step_<k>.partial` and renamed to `step_<k>` only when every rank
         has written its part, then named by `latest`: a trainer killed at any point leaves `latest` naming a complete
         checkpoint. A write that fails (a full disk, a file-size limit) removes the partial folder and raises
@@ -491,9 +518,7 @@ class Trainer:
         if self.rank == 0:
             checkpoint.remove_folder(os.path.join(root, partial))  # left by a trainer killed while writing it
         self._barrier()
-        state = {"step": self.step, "version": self.version, "sampler": self.sampler.state_dict(),
-                 "engine_rng": self.engine.generator.get_state(), "rng": checkpoint.rng_state(),
-                 "next_specs": self.next_specs}
+        state = state or self.resume_state()  # `state`: one taken earlier, with the weights of the same step
         folder = os.path.join(root, partial)
         problem = checkpoint.space_problem(self.run_dir, self.actor.policy) if self.rank == 0 else ""
         if self._mean_over_ranks(float(bool(problem))) > 0:  # every rank stops before the first collective

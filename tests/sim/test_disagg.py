@@ -41,3 +41,44 @@ def test_sim_workers_land_on_the_sim_node_and_a_run_completes(cluster, tiny_conf
     assert kinds[:2] == ["reset_sent", "update_done"]
     assert events[0][1] < events[1][1]
     assert metrics["rollout/env_steps_per_s"] > 0 and 0 < metrics["rollout/decode_utilisation"] <= 1
+
+
+@pytest.mark.slow
+def test_a_simulation_node_lost_mid_rollout_stops_with_one_error_after_saving(cluster, tiny_config, tmp_path):
+    """A head and two simulation nodes; the node of sim worker 0 is killed (its raylet and every process on it) once
+    the first step has finished."""
+    import threading
+    import time
+
+    from vla_scale import checkpoint
+    from vla_scale.trainer import SimulatorLost
+
+    nodes = [cluster.add_node(num_cpus=1, resources={"sim": 1}) for _ in range(2)]
+    cluster.wait_for_nodes()
+    cfg = tiny_config("env.disagg_sim.enable=true", "env.disagg_sim.nnodes=2",
+                      f"parallel.ray_address={cluster.address}", "steps=60", "eval_every=100", "save_every=0")
+    run = tmp_path / "run"
+    trainer = Trainer(cfg, str(run))
+    try:
+        trainer.setup()
+        where = ray.get(trainer.fleet.workers.workers[0].node_id.remote())
+        victim = next(node for node in nodes if node.node_id == where)
+
+        def kill_in_step_2() -> None:
+            while trainer.step < 1:
+                time.sleep(0.01)
+            time.sleep(0.05)  # into the next step
+            cluster.remove_node(victim, allow_graceful=False)
+
+        threading.Thread(target=kill_in_step_2, daemon=True).start()
+        with pytest.raises(SimulatorLost, match="sim worker .* is gone") as stopped:
+            trainer.train()
+    finally:
+        trainer.close()
+    assert "resume=true" in str(stopped.value)
+    done = checkpoint.latest_step(str(run))
+    assert done == trainer.step >= 1  # every finished step kept, though save_every=0
+    assert checkpoint.resume_problems(str(run), trainer.cfg.model, trainer.cfg.algo, 1) == []
+    from conftest import read_scalars
+
+    assert read_scalars(str(run / "tb"))["faults/lost_sim_workers"] == [(done + 1, 1.0)]

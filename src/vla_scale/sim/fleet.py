@@ -238,9 +238,15 @@ class LocalWorkers:
         self.each("close")
 
 
+class SimNodeLost(RuntimeError):
+    """A sim worker's Ray actor is gone (its node died or its process was killed): its simulators' episodes of this
+    rollout cannot be finished."""
+
+
 class RayWorkers:
     """Sim workers as Ray actors (no CPU slot; with `sim_resource` only on nodes offering `sim`), their sends and
-    receives two concurrency groups of one thread each. A worker on another node copies its images into its reply."""
+    receives two concurrency groups of one thread each. A worker on another node copies its images into its reply.
+    A worker whose actor died raises `SimNodeLost` naming it and its node."""
 
     foreign = True
 
@@ -251,7 +257,8 @@ class RayWorkers:
         remote = ray.remote(**options)(SimWorker)
         self.workers = [remote.remote(i, *args) for i in range(count)]
         here = ray.get_runtime_context().get_node_id()
-        self.local = [node == here for node in self.each("node_id")]
+        self.nodes = self.each("node_id")
+        self.local = [node == here for node in self.nodes]
 
     def send(self, i: int, method: str, *args: Any) -> None:
         getattr(self.workers[i], method).remote(*args)
@@ -260,14 +267,28 @@ class RayWorkers:
         return [worker.recv.remote(not local) for worker, local in zip(self.workers, self.local, strict=True)]
 
     def replies(self, handles: list[ray.ObjectRef]) -> list[WorkerReply]:
-        return ray.get(handles)
+        return self._get(handles)
 
     def each(self, method: str) -> list[Any]:
-        return ray.get([getattr(worker, method).remote() for worker in self.workers])
+        return self._get([getattr(worker, method).remote() for worker in self.workers])
+
+    def _get(self, handles: list[ray.ObjectRef]) -> list[Any]:
+        """Every worker's answer, in order; `SimNodeLost` for the first whose actor died."""
+        answers = []
+        for i, handle in enumerate(handles):
+            try:
+                answers.append(ray.get(handle))
+            except ray.exceptions.RayActorError as err:
+                node = self.nodes[i] if hasattr(self, "nodes") else "unknown"
+                raise SimNodeLost(f"sim worker {i} on Ray node {node} is gone ({type(err).__name__}): its node "
+                                  "died or its process was killed") from err
+        return answers
 
     def close(self) -> None:
         try:
             self.each("close")
+        except SimNodeLost:
+            pass  # a lost worker has nothing left to close; the others are killed below
         finally:
             for worker in self.workers:
                 ray.kill(worker)
