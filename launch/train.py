@@ -86,6 +86,7 @@ def main(dict_cfg: DictConfig) -> float:
     except ConfigError as err:
         sys.exit(f"error: {err}")
     from vla_scale.checkpoint import CheckpointWriteError
+    from vla_scale.run_log import RunLogError
     from vla_scale.stop_signals import EXIT_CODE, Preempted
     from vla_scale.trainer import RunComplete, SimulatorLost, Trainer
 
@@ -106,7 +107,7 @@ def main(dict_cfg: DictConfig) -> float:
     except Preempted as stopped:
         print(stopped, flush=True)
         sys.exit(EXIT_CODE)
-    except (CheckpointWriteError, SimulatorLost) as err:
+    except (CheckpointWriteError, RunLogError, SimulatorLost) as err:
         sys.exit(f"error: {err}")
     finally:
         trainer.close()

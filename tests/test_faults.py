@@ -119,6 +119,21 @@ def test_a_file_size_limit_while_saving_is_one_clear_error(tmp_path: Path, saved
     assert not (run / "checkpoints" / "step_2").exists() and not list((run / "checkpoints").glob("*.partial"))
 
 
+@pytest.mark.slow
+def test_a_file_size_limit_on_tensorboard_events_is_one_clear_error(tmp_path: Path, saved_run: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run, ignore=shutil.ignore_patterns("step_3", "step_2", "tb"))
+    (run / "checkpoints" / "latest").write_text("step_1")
+    before = digest(run / "checkpoints")
+    proc, lines = start_train("steps=2", "save_every=1", "eval_every=10", f"run_dir={run}", "resume=true")
+    wait_for(lambda: any(line.startswith("training steps") for line in lines) or proc.poll() is not None)
+    resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (1000, 1000))  # a step's scalars take more than that
+    assert proc.wait(timeout=300) == 1
+    out = "".join(lines)
+    assert f"TensorBoard cannot write its events in {run / 'tb'}" in out and "bytes are free" in out, out[-3000:]
+    assert "Traceback" not in out and digest(run / "checkpoints") == before  # step_1 intact, still latest
+
+
 def test_a_failed_write_removes_the_partial_folder_and_names_the_path(tmp_path: Path) -> None:
     import torch
 

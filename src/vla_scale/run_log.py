@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
-from collections.abc import Sequence
+import shutil
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,22 +15,53 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 
+class RunLogError(OSError):
+    """TensorBoard's events could not be written (a full disk, a file-size limit); the message says where."""
+
+
+def _quiet_writer_thread_errors(args: threading.ExceptHookArgs) -> None:
+    """TensorBoard's writer thread re-raises a failed write after keeping it for the next write or flush, which
+    `RunLogger` reports as a `RunLogError`; its traceback on stderr would only repeat that."""
+    if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
+        return
+    _default_excepthook(args)
+
+
+_default_excepthook = threading.excepthook
+threading.excepthook = _quiet_writer_thread_errors
+
+
 class RunLogger:
-    """Writes scalars and text to `<run_dir>/tb` on rank 0; a no-op on other ranks."""
+    """Writes scalars and text to `<run_dir>/tb` on rank 0; a no-op on other ranks. Each step's scalars are flushed
+    to the file as they are logged, so a write that fails (`RunLogError`) is reported at the step it happened in."""
 
     def __init__(self, run_dir: str, rank: int = 0):
         self.enabled = rank == 0
         self.tb_dir = os.path.join(run_dir, "tb")
         self.writer = SummaryWriter(self.tb_dir) if self.enabled else None
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """The event writer's OSError (raised by its thread at the next write or flush) as a `RunLogError`."""
+        try:
+            yield
+        except OSError as err:
+            free = shutil.disk_usage(os.path.dirname(self.tb_dir) or ".").free
+            raise RunLogError(f"TensorBoard cannot write its events in {self.tb_dir} ({err}); {free} bytes are free "
+                              "there. The run's checkpoints are untouched: free space (or raise the file-size limit, "
+                              "`ulimit -f`), then continue with resume=true") from err
+
     def scalars(self, values: dict[str, float], step: int) -> None:
         if self.writer is not None:
-            for key, value in values.items():
-                self.writer.add_scalar(key, value, step)
+            with self._writing():
+                for key, value in values.items():
+                    self.writer.add_scalar(key, value, step)
+                self.writer.flush()
 
     def text(self, tag: str, text: str, step: int = 0) -> None:
         if self.writer is not None:
-            self.writer.add_text(tag, text, step)
+            with self._writing():
+                self.writer.add_text(tag, text, step)
 
     def video(self, tag: str, frames: np.ndarray, step: int, fps: int = 5) -> None:
         """uint8[T, H, W, 3] frames as an animated GIF under TensorBoard's Images tab (what `add_video` writes,
@@ -68,8 +102,9 @@ class RunLogger:
 
     def close(self) -> None:
         if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
+            with self._writing():
+                self.writer.flush()
+                self.writer.close()
 
 
 def gif_bytes(frames: np.ndarray, fps: int = 5) -> bytes:
