@@ -80,12 +80,16 @@ def test_sigterm_finishes_the_step_saves_and_says_how_to_resume(tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_a_trainer_killed_as_it_publishes_a_checkpoint_resumes_bit_for_bit(tmp_path: Path, saved_run: Path) -> None:
+@pytest.mark.parametrize("named,delay_s", [("step_2", 0.0), ("step_1", 0.1)], ids=["as_it_publishes", "mid_step"])
+def test_a_killed_trainer_resumes_bit_for_bit(tmp_path: Path, saved_run: Path, named: str, delay_s: float) -> None:
+    """SIGKILL the moment `latest` names step 2 (its checkpoint just published), or 0.1 s into step 2."""
     run = tmp_path / "run"
     proc, lines = start_train("steps=3", "save_every=1", "eval_every=10", f"run_dir={run}")
     latest = run / "checkpoints" / "latest"
-    wait_for(lambda: latest.exists() and latest.read_text().strip() == "step_2" or proc.poll() is not None)
-    proc.kill()  # SIGKILL the moment `latest` names step 2
+    wait_for(lambda: latest.exists() and latest.read_text().strip() == named or proc.poll() is not None)
+    time.sleep(delay_s)
+    assert proc.poll() is None, "".join(lines)[-3000:]  # still training
+    proc.kill()
     proc.wait()
     step = run / "checkpoints" / checkpoint.latest_tag(str(run))
     for name in ("trainer_state_rank0.json", "model.safetensors", "config.json", "tokenizer.json",
@@ -97,7 +101,7 @@ def test_a_trainer_killed_as_it_publishes_a_checkpoint_resumes_bit_for_bit(tmp_p
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     whole, part = read_scalars(str(saved_run / "tb")), read_scalars(str(run / "tb"))
-    first = checkpoint.latest_step(str(run)) and int(step.name[5:])
+    first = int(step.name[5:])
     for tag in ("train/policy_loss", "train/grad_norm", "train/success_rate", "sync/version"):
         assert part[tag] == [x for x in whole[tag] if x[0] > first], tag
 
