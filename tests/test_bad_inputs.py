@@ -48,6 +48,8 @@ CONFIG_CASES = [  # one command per class; each phrase must appear in the error
     ("keys by their former names (eval)", "eval", ["env.libero_scenes=official", "checkpoint=runs/x"],
      ["env.libero_scenes is now env.libero.scenes",
       "checkpoint is now model.checkpoint: write model.checkpoint=runs/x"]),
+    ("disaggregated mode without a cluster", "train", ["env.disagg_sim.enable=true"],
+     ["env.disagg_sim.enable=true places simulators", "parallel.ray_address=<head>:6379"]),
     ("Ray address nothing answers (train)", "train", ["parallel.ray_address=127.0.0.1:1"],
      ["parallel.ray_address='127.0.0.1:1'", "within 10 s"]),
     ("Ray address nothing answers (eval)", "eval", ["parallel.ray_address=127.0.0.1:1"],

@@ -561,6 +561,11 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
             f"model.num_heads={m.num_heads}"
         )
     problems += lora_problems(m.lora)
+    if e.disagg_sim.enable and not cfg.parallel.ray_address:
+        problems.append("env.disagg_sim.enable=true places simulators on the simulation nodes of a Ray cluster, but "
+                        "parallel.ray_address is empty (a local Ray has no simulation node): start the cluster "
+                        "(README, Pipelined and disaggregated rollouts) and pass parallel.ray_address=<head>:6379 "
+                        "or auto")
     if a.batch_size % world_size:
         problems.append(
             f"algo.batch_size={a.batch_size} must divide over the {world_size} ranks (whole groups per rank)"
