@@ -1,7 +1,7 @@
-"""Chunk decoding of the OpenVLA-OFT 7B shape in bf16 on one GPU: the engine's fast path against its floor.
+"""Chunk decoding of the OpenVLA-OFT 7B shape on one GPU: the engine's fast path against its floor, bf16 and FP8.
 
-    python benchmarks/decode.py [--batches 8 32 64 128] [--agree-batch 32] [--json out.json]
-    python benchmarks/decode.py --model tiny --batches 2 4 --agree-batch 4   # CPU dry run of the script
+    python benchmarks/decode.py [--batches 8 32 64 128] [--agree-batch 32] [--fp8] [--json out.json]
+    python benchmarks/decode.py --model tiny --batches 2 4 --agree-batch 4 --fp8   # CPU dry run (FP8 emulated)
 
 Random weights (oft_7b: DINOv2-L + SigLIP-So400m fused at 224 px, Llama-2-7B, 8 x 7 action slots, one proprio
 token). Every timing is a whole `RolloutEngine.decode` (host inputs -> tokens, log-probs, actions on the host), the
@@ -18,7 +18,14 @@ median of several after warm-up. Printed:
 4. where the fast path's time goes at B=64: stage times, GPU kernel time by kind (torch.profiler), and the SDPA
    backends on one Llama layer's attention.
 
-Last line: `decode: b64_over_floor=<x.xx> chunks_per_s_vs_eager_b8=<y.yy>`.
+With `--fp8`, an engine with `precision="fp8"` on the same weights (`rollout/fp8.py`) beside it: the FP8 matmul
+rate at the Llama GEMM shapes, the time to quantise the weights after a sync, its logits against the bf16 fast path's
+(|delta| mean, 99th percentile, max; relative to the fp32 path), greedy agreement with bf16 overall and where bf16's
+top-two logit gap exceeds twice the FP8 logit error (its root mean square over every logit), and per batch size its
+decode time, chunks/s and peak memory; then its GPU kernel time by kind at B=64.
+
+Last line: `decode: b64_over_floor=<x.xx> chunks_per_s_vs_eager_b8=<y.yy>`; with `--fp8`, then
+`decode_fp8: fp8_over_bf16=<B=64 chunks/s ratio> fp8_over_eager_b8=<ratio> agree=<share>`.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from vla_scale.models.policy import FusedRMSNorm
 from vla_scale.models.processor import PolicyInputs
 from vla_scale.models.vision import ViT
 from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.rollout.fp8 import fp8_problem
 
 TEXTS = ["pick up the black bowl and place it on the plate", "open the top drawer", "put the cream cheese in the bowl"]
 TEMPERATURE = 1.6
@@ -88,6 +96,18 @@ def matmul_rate(m: int, n: int, k: int, repeats: int = 20) -> float:
     a = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
     b = torch.randn(k, n, device=DEVICE, dtype=torch.bfloat16)
     return 2 * m * n * k / median_seconds(lambda: a @ b, repeats, warmup=3)
+
+
+def fp8_matmul_rate(m: int, n: int, k: int, repeats: int = 20) -> float:
+    """FP8 (e4m3) FLOP/s of one [m, k] x [k, n] product with per-row and per-column scales, bf16 out, as the FP8
+    engine multiplies (median); NaN where the device has no FP8 tensor cores."""
+    if DEVICE != "cuda" or fp8_problem(torch.device(DEVICE)) is not None:
+        return float("nan")
+    a = torch.randn(m, k, device=DEVICE).to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device=DEVICE).to(torch.float8_e4m3fn).t()
+    sa, sb = torch.ones(m, 1, device=DEVICE), torch.ones(1, n, device=DEVICE)
+    return 2 * m * n * k / median_seconds(lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb,
+                                                                   out_dtype=torch.bfloat16), repeats, warmup=3)
 
 
 def sustained_rate(size: int, count: int) -> float:
@@ -186,6 +206,46 @@ def agreement(fast: RolloutEngine, plain: RolloutEngine, ref: RolloutEngine, bat
     diff = np.abs(sampled["fast"].logprobs - ref_logp)
     out["logprob_abs_diff_max"], out["logprob_abs_diff_mean"] = float(diff.max()), float(diff.mean())
     return out
+
+
+def fp8_agreement(fp8: RolloutEngine, fast: RolloutEngine, ref: RolloutEngine, batch: PolicyInputs
+                  ) -> dict[str, float]:
+    """The FP8 engine's logits and greedy tokens against the bf16 fast path's on the same weights (and both against
+    the fp32 path): greedy agreement overall and where bf16's top-two gap exceeds twice the FP8 logit error."""
+    with torch.no_grad():
+        logits = {name: e.logits(e.inputs(batch)) for name, e in (("fp8", fp8), ("bf16", fast), ("ref", ref))}
+    delta = (logits["fp8"] - logits["bf16"]).abs()
+    error = float(delta.pow(2).mean().sqrt())
+    top2 = logits["bf16"].topk(2, dim=-1).values
+    confident = (top2[..., 0] - top2[..., 1]) > 2 * error
+    same = logits["fp8"].argmax(dim=-1) == logits["bf16"].argmax(dim=-1)
+    norm = logits["ref"].norm()
+    p99 = float(delta.flatten().float().quantile(0.99))
+    return {"logit_abs_err_mean": float(delta.mean()), "logit_abs_err_p99": p99,
+            "logit_abs_err_max": float(delta.max()), "logit_rms_err": error,
+            "logits_rel_err_fp8_vs_fp32": float((logits["fp8"] - logits["ref"]).norm() / norm),
+            "logits_rel_err_bf16_vs_fp32": float((logits["bf16"] - logits["ref"]).norm() / norm),
+            "greedy_fp8_vs_bf16": float(same.float().mean()),
+            "greedy_fp8_vs_fp32": float((logits["fp8"].argmax(-1) == logits["ref"].argmax(-1)).float().mean()),
+            "confident_share": float(confident.float().mean()),
+            "greedy_fp8_vs_bf16_where_confident": float(same[confident].float().mean()) if confident.any() else 1.0}
+
+
+def first_decode(engine: RolloutEngine, x: PolicyInputs, report: dict[str, Any], key: str) -> RolloutEngine:
+    """Time the engine's first decode (torch.compile included); on a compile failure, record it and return the same
+    engine uncompiled."""
+    start = time.perf_counter()
+    try:
+        engine.decode(x, TEMPERATURE)
+    except Exception as error:  # noqa: BLE001 (measure the eager fast path rather than nothing)
+        print(f"torch.compile failed ({type(error).__name__}: {str(error)[:400]}); {key} without compile")
+        report[f"{key}_compile_error"] = repr(error)[:2000]
+        engine = RolloutEngine(engine.policy, DEVICE, seed=0, fast=True, compile=False,
+                               precision="fp8" if engine.fp8 is not None else "bf16",
+                               emulate_fp8=engine.fp8 is not None and engine.fp8.emulate)
+    report[f"first_decode_{key}_s"] = time.perf_counter() - start
+    print(f"first {key} decode (torch.compile included): {report[f'first_decode_{key}_s']:.1f}s", flush=True)
+    return engine
 
 
 # ---- where the time goes ---------------------------------------------------------------------------------------------
@@ -323,7 +383,9 @@ def main() -> None:
     p.add_argument("--agree-batch", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", default="")
+    p.add_argument("--fp8", action="store_true", help="an FP8 engine beside bf16 (emulated in fp32 on a CPU)")
     args = p.parse_args()
+    torch._dynamo.config.cache_size_limit = 64  # bf16 and FP8 blocks of two towers, each compiled once
     report: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                               "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
                               "torch": torch.__version__}
@@ -357,18 +419,26 @@ def main() -> None:
     plain = RolloutEngine(policy, DEVICE, seed=0, fast=False)
     assert fast.fast is not None and fast.fast.compiled == (DEVICE == "cuda") and plain.fast is None
 
-    start = time.perf_counter()
-    try:
-        fast.decode(make_inputs(processor, cfg, 8, seed=99), TEMPERATURE)
-    except Exception as error:  # noqa: BLE001 (measure the eager fast path rather than nothing)
-        print(f"torch.compile failed ({type(error).__name__}: {str(error)[:400]}); fast path without compile")
-        fast = RolloutEngine(policy, DEVICE, seed=0, fast=True, compile=False)
-        report["compile_error"] = repr(error)[:2000]
-    report["first_decode_with_compile_s"] = time.perf_counter() - start
-    print(f"first fast decode (torch.compile included): {report['first_decode_with_compile_s']:.1f}s", flush=True)
+    fast = first_decode(fast, make_inputs(processor, cfg, 8, seed=99), report, "fast")
+    fp8 = None
+    if args.fp8:  # the same weights (shared with the bf16 engines), multiplied in FP8
+        fp8 = RolloutEngine(policy, DEVICE, seed=0, precision="fp8", emulate_fp8=DEVICE != "cuda")
+        assert fp8.fp8 is not None
+        report["fp8_quantise_s"] = median_seconds(lambda: fp8.fp8.refresh(policy), 3)
+        report["fp8_weight_gib"] = fp8.fp8.nbytes() / 2**30
+        report["fp8_matmul_tflops_shapes"] = {name: fp8_matmul_rate(*s) / 1e12 for name, s in shapes.items()}
+        print(f"fp8 weights {report['fp8_weight_gib']:.2f} GiB, quantised after a sync in "
+              f"{report['fp8_quantise_s']:.3f}s; fp8 matmul at the Llama GEMMs of B=64: "
+              + ", ".join(f"{k} {v:.0f}" for k, v in report["fp8_matmul_tflops_shapes"].items()), flush=True)
+        fp8 = first_decode(fp8, make_inputs(processor, cfg, 8, seed=99), report, "fp8")
 
     ref = RolloutEngine(copy.deepcopy(policy).float(), DEVICE, seed=0, fast=False)
-    report["agreement"] = agreement(fast, plain, ref, make_inputs(processor, cfg, args.agree_batch, seed=7))
+    agree_inputs = make_inputs(processor, cfg, args.agree_batch, seed=7)
+    report["agreement"] = agreement(fast, plain, ref, agree_inputs)
+    if fp8 is not None:
+        report["fp8_agreement"] = fp8_agreement(fp8, fast, ref, agree_inputs)
+        print(f"fp8 agreement at B={args.agree_batch}: "
+              + ", ".join(f"{k}={v:.4g}" for k, v in report["fp8_agreement"].items()), flush=True)
     del ref
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
@@ -385,12 +455,20 @@ def main() -> None:
         t_fast = median_seconds(lambda x=x: fast.decode(x, TEMPERATURE), args.repeats)
         peak = torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0
         t_plain = median_seconds(lambda x=x: plain.decode(x, TEMPERATURE), args.repeats)
-        row = {"B": batch, "T_fast": seq, "T_plain": sequence_length(policy, x, trimmed=False),
+        t_fp8, peak_fp8 = float("nan"), float("nan")
+        if fp8 is not None:
+            if DEVICE == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            t_fp8 = median_seconds(lambda x=x: fp8.decode(x, TEMPERATURE), args.repeats)
+            peak_fp8 = torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0
+        row = {"fp8_s": t_fp8, "fp8_peak_gib": peak_fp8,
+               "B": batch, "T_fast": seq, "T_plain": sequence_length(policy, x, trimmed=False),
                "gflop": batch * flops["total"] / 1e9, "floor_s": batch * flops["total"] / rate, "fast_s": t_fast,
                "packed_floor_s": packed_flops(policy, x) / rate,
                "plain_s": t_plain, "peak_gib": peak, "flops_split": {k: batch * v for k, v in flops.items()}}
         rows.append(row)
-        print(f"B={batch}: fast {t_fast:.3f}s floor {row['floor_s']:.3f}s plain {t_plain:.3f}s", flush=True)
+        print(f"B={batch}: fast {t_fast:.3f}s floor {row['floor_s']:.3f}s plain {t_plain:.3f}s fp8 {t_fp8:.3f}s",
+              flush=True)
     report["rows"] = rows
 
     x8 = make_inputs(processor, cfg, 8, seed=8)
@@ -407,6 +485,9 @@ def main() -> None:
     stages, kinds, kernels = where_time_goes(fast, policy, x64, args.repeats)
     report["stages_b64"], report["kernel_kinds_b64"], report["top_kernels_b64"] = stages, kinds, kernels
     report["sdpa_backends_b64"] = sdpa_backends(stage_batch, sequence_length(policy, x64)) if DEVICE == "cuda" else {}
+    if fp8 is not None:
+        report["fp8_kernel_kinds_b64"], report["fp8_top_kernels_b64"] = profile_kinds(
+            lambda: fp8.logits(fp8.inputs(x64)))
 
     print()
     print(f"bf16 matmul rate measured here: {rate / 1e12:.0f} TFLOP/s (8192^3, random data, median of 20, first work "
@@ -446,6 +527,30 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))
     print(f"decode: b64_over_floor={b64['fast_s'] / b64['floor_s']:.2f} "
           f"chunks_per_s_vs_eager_b8={fast_rate / (8 / t_eager):.2f}")
+    if fp8 is not None:
+        print_fp8(report, rows, b64, t_eager)
+
+
+def print_fp8(report: dict[str, Any], rows: list[dict[str, Any]], b64: dict[str, Any], t_eager: float) -> None:
+    """The FP8 engine's table, kernel split and last line."""
+    print(f"\nfp8 engine (e4m3, per-channel weight and per-row activation scales; quantised after a sync in "
+          f"{report['fp8_quantise_s']:.3f}s, {report['fp8_weight_gib']:.2f} GiB of FP8 weights beside the bf16 ones)")
+    print(f"{'B':>4} {'bf16 s':>8} {'fp8 s':>8} {'fp8/bf16 time':>14} {'chunks/s':>9} {'fp8 peak GiB':>13}")
+    for r in rows:
+        print(f"{r['B']:>4} {r['fast_s']:>8.3f} {r['fp8_s']:>8.3f} {r['fp8_s'] / r['fast_s']:>14.2f} "
+              f"{r['B'] / r['fp8_s']:>9.1f} {r['fp8_peak_gib']:>13.1f}")
+    kinds = report["fp8_kernel_kinds_b64"]
+    print(f"fp8 GPU kernel time by kind at B={b64['B']} (one forward, {sum(kinds.values()):.4f}s): "
+          + ", ".join(f"{k} {v:.4f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])))
+    for name, seconds in report["fp8_top_kernels_b64"][:10]:
+        print(f"  {seconds:.4f}s  {name[:110]}")
+    a = report["fp8_agreement"]
+    print(f"greedy bins, fp8 against bf16: {a['greedy_fp8_vs_bf16']:.4f} of all; "
+          f"{a['greedy_fp8_vs_bf16_where_confident']:.4f} where bf16's top-two gap > 2 x the fp8 logit error "
+          f"({a['logit_rms_err']:.4f} rms; {a['confident_share']:.4f} of the positions)")
+    speed = b64["fast_s"] / b64["fp8_s"]
+    print(f"decode_fp8: fp8_over_bf16={speed:.2f} fp8_over_eager_b8={(b64['B'] / b64['fp8_s']) / (8 / t_eager):.2f} "
+          f"agree={a['greedy_fp8_vs_bf16_where_confident']:.4f}")
 
 
 if __name__ == "__main__":

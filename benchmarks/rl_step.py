@@ -35,6 +35,11 @@ matmul rate this run measures), colocated-memory moves, sync, env steps/s and pe
 the same update runs alone on the last step's samples (the update's own figure, beside its figure inside the loop).
 Each phase's peak GPU memory is in the table (rollout, update, sync; the step's peak is the largest). Last line:
 `rl_step: step_speedup=<x.xx> rollout_speedup=<y.yy> update_mfu=<z.zz> peak_gib=<m>` (peak_gib: our way's).
+
+`--precision fp8` runs our way's rollouts on the FP8 engine (`env.rollout.precision=fp8`; the table's mismatch
+columns are then its gap to the actor, `train/mismatch_*`) and, after its steps, one rollout each with the FP8 and
+the bf16 products on the same engine and fleet settings, side by side (`rl_step rollouts fp8: ...`; with
+`--rollout-sweep`, before the sweep).
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ import sys
 import tempfile
 import time
 import traceback
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -95,6 +101,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--only-ours", action="store_true", help="our way only (no anchors' steps, no speedups)")
     p.add_argument("--update-sweep", type=int, nargs="*", default=None, metavar="SAMPLES",
                    help="after the warm-up steps, only our update alone at each of these micro-batch sizes")
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"), help="our way's env.rollout.precision")
     p.add_argument("--dry-run", action="store_true", help="CPU, small batch: check the script end to end")
     p.add_argument("--json", default="", help="write every figure here too")
     return p.parse_args()
@@ -116,6 +123,7 @@ def trainer_config(args: argparse.Namespace, substeps: int) -> Config:
         "env=reach", "env.reach.max_delta=1e-9",  # the end effector stays put: no episode ends early, the same work
         f"env.max_steps={args.max_steps}", "env.camera_resolution=0", f"env.num_workers={args.workers}",
         f"env.sims_per_worker={args.sims}", f"env.rollout.pipeline_stage_num={args.stages}",
+        f"env.rollout.precision={args.precision}",
         f"env.reach.physics_substeps={substeps}", "env.step_timeout_s=600", "progress=false", "save_every=0",
         f"deepspeed={'zero3_bf16' if gpu else 'zero3'}",
         f"deepspeed.offload_states_during_rollout={str(gpu).lower()}",
@@ -315,7 +323,7 @@ def entropy_pass(trainer) -> float:
 def rollout_row(trainer, cfg: Config, sim_ms: float, substeps: int, way: str, stages: int) -> dict:
     """One rollout (`Trainer.collect`) on a fleet of its own: `way` ours (fast decode, `stages`) or anchors."""
     env = replace(cfg.env, reach=replace(cfg.env.reach, physics_substeps=substeps),
-                  rollout=RolloutConfig(pipeline_stage_num=stages))
+                  rollout=replace(cfg.env.rollout, pipeline_stage_num=stages))
     fleet = start_fleet(env, trainer.vla, trainer.fleet.size)
     try:
         boot = [s for s in trainer.sampler.draw(trainer.groups) for _ in range(cfg.algo.group_size)]
@@ -346,6 +354,29 @@ SWEEP_COLUMNS = [("sim_ms", "--sim-ms", "{:g}"), ("ms_per_step", "sim CPU ms/env
                  ("way", "way", "{}"), ("S", "S", "{}"), ("rollout_s", "rollout s", "{:.1f}"),
                  ("decode_s", "decode busy", "{:.1f}"), ("sim_busy_s", "sim busy/proc", "{:.1f}"),
                  ("env_steps_per_s", "env steps/s", "{:.0f}"), ("speedup", "anchors / this", "{:.2f}")]
+
+
+@contextmanager
+def bf16_products(engine: RolloutEngine) -> Iterator[None]:
+    """The FP8 engine's fast path on its bf16 weights (the products the bf16 engine runs) for a while."""
+    assert engine.fast is not None
+    engine.fast.fp8 = None
+    try:
+        yield
+    finally:
+        engine.fast.fp8 = engine.fp8
+
+
+def precision_rows(trainer, cfg: Config, stages: int) -> None:
+    """One rollout with the FP8 products and one with bf16's, on the same engine and fleet settings."""
+    fp8 = rollout_row(trainer, cfg, 0.0, cfg.env.reach.physics_substeps, "ours fp8", stages)
+    with bf16_products(trainer.engine):
+        bf16 = rollout_row(trainer, cfg, 0.0, cfg.env.reach.physics_substeps, "ours bf16", stages)
+    for row in (fp8, bf16):
+        row["speedup"] = bf16["rollout_s"] / row["rollout_s"]
+        print(" | ".join(fmt.format(row[key]) for key, _, fmt in SWEEP_COLUMNS), flush=True)
+    print(f"rl_step rollouts fp8: rollout_s={fp8['rollout_s']:.2f} bf16_rollout_s={bf16['rollout_s']:.2f} "
+          f"decode_s={fp8['decode_s']:.2f} bf16_decode_s={bf16['decode_s']:.2f}", flush=True)
 
 
 def rollout_sweep(trainer, cfg: Config, costs: list[float], stages: int) -> None:
@@ -419,7 +450,11 @@ COLUMNS = [("way", "way", "{}"), ("step_s", "step s", "{:.1f}"), ("time/rollout_
            ("update_mfu", "update MFU", "{:.1%}"), ("entropy_s", "entropy pass s", "{:.1f}"),
            ("time/make_room_s", "moves s", "{:.1f}"),
            ("time/sync_s", "sync s", "{:.2f}"), ("rollout/env_steps_per_s", "env steps/s", "{:.0f}"),
-           ("train/samples", "samples", "{:.0f}"), ("memory/rollout_peak_gib", "rollout GiB", "{:.1f}"),
+           ("train/samples", "samples", "{:.0f}"),
+           ("train/mismatch_abs_log_ratio", "mismatch mean|d|", "{:.2e}"),
+           ("train/mismatch_approx_kl", "mismatch k3", "{:.2e}"),
+           ("train/mismatch_outside_clip", "mismatch outside clip", "{:.4f}"),
+           ("memory/rollout_peak_gib", "rollout GiB", "{:.1f}"),
            ("memory/update_peak_gib", "update GiB", "{:.1f}"), ("memory/sync_peak_gib", "sync GiB", "{:.1f}"),
            ("peak_gib", "peak GiB", "{:.1f}")]
 
@@ -455,6 +490,8 @@ def main() -> None:
           f"matmul {rate / 1e12:.1f} TFLOP/s; decode warm-up (compile) {warm_s:.1f}s"
           + (f"; {cap} (our way)" if cap else ""), flush=True)
     if args.rollout_sweep is not None:
+        if args.precision == "fp8":
+            precision_rows(trainer, cfg, args.stages)
         rollout_sweep(trainer, cfg, args.rollout_sweep or [0.0], args.stages)
         trainer.close()
         sys.stdout.flush()
@@ -503,6 +540,10 @@ def main() -> None:
         if way == "anchors":
             trainer.fleet.close()
             trainer.fleet, trainer.loop = ours_fleet, ours_loop
+        elif args.precision == "fp8":
+            ours_loop.cancel_prefetch()
+            trainer.next_specs = None
+            precision_rows(trainer, cfg, args.stages)
     use_update_settings(trainer, cfg)
     if cap:
         print(cap_memory(args.memory_gib) + " (our update alone)", flush=True)

@@ -114,6 +114,11 @@ class ModelConfig:
 class RolloutConfig:
     pipeline_stage_num: int = 1
     """Pipeline stages S: while one stage's simulators run, the next stage is decoded (1: sequential)."""
+    precision: str = "bf16"
+    """The rollout engine's matrix products: bf16 (the weights' own dtype) or fp8 (e4m3 with per-channel weight and
+    per-row activation scales, on FP8 tensor cores: compute capability 8.9+, e.g. H100/H200; the decode ~1.5x faster,
+    its log-probs those of a slightly different policy, so it needs algo.old_logprobs=recompute; README, FP8
+    rollouts)."""
 
 
 @dataclass
@@ -428,6 +433,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "env.eval_protocol": ("held_out", "published"),
     "model.image_resize": ("bicubic", "jpeg_lanczos3"),
     "deepspeed.zero_stage": (0, 1, 2, 3),
+    "env.rollout.precision": ("bf16", "fp8"),
 }
 """Keys whose value must be one of a few names (the loss options, the LIBERO scene modes and env.name/env.suite are
 checked against the modules that define them)."""
@@ -576,6 +582,9 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
         problems.append(f"algo.old_logprobs={a.old_logprobs!r}: choose one of {OLD_LOGPROBS}")
     if a.tis_cap > 0 and a.old_logprobs != "recompute":
         problems.append(f"algo.tis_cap={a.tis_cap} needs algo.old_logprobs=recompute (0 turns it off)")
+    if e.rollout.precision == "fp8" and a.old_logprobs != "recompute":
+        problems.append("env.rollout.precision=fp8 samples from the FP8 engine, whose log-probs are not the actor's: "
+                        "set algo.old_logprobs=recompute (and algo.tis_cap, e.g. 2.0, to weigh each token by the gap)")
     if a.loss_agg not in LOSS_AGGREGATIONS:
         problems.append(f"algo.loss_agg={a.loss_agg!r} is not a loss aggregation; choose one of {LOSS_AGGREGATIONS}")
     if not 0.0 <= a.filter_low <= a.filter_high <= 1.0:

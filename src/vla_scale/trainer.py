@@ -39,6 +39,7 @@ from vla_scale.models import PretrainedVLA
 from vla_scale.models.policy import PolicyInputs
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop, LoopStats, Trajectory, success_metrics
+from vla_scale.rollout.fp8 import fp8_problem
 from vla_scale.rollout.sampler import TaskSampler
 from vla_scale.rollout.stack import max_chunks, start_fleet, start_ray_for
 from vla_scale.run_log import RunLogger, progress
@@ -191,6 +192,10 @@ class Trainer:
         unreachable = ray_address_problem(cfg.parallel.ray_address)
         if unreachable:
             raise ConfigError(unreachable)
+        here = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        no_fp8 = fp8_problem(here) if cfg.env.rollout.precision == "fp8" else None
+        if no_fp8:
+            raise ConfigError(no_fp8)
         # policy, tokenizer, processor and action post-processing from one source, checked against the env
         self.vla = PretrainedVLA.for_env(cfg.model, cfg.env, explicit)
         self.cfg = cfg = resolved_config(cfg, self.vla)
@@ -223,7 +228,7 @@ class Trainer:
         self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.algo, cfg.model.lora)
         engine_dtype = torch.bfloat16 if cfg.deepspeed.bf16 else None  # the engine holds what the actor holds
         self.engine = RolloutEngine(self.vla.policy, self.actor.device, seed=cfg.seed * 1000 + self.rank,
-                                    dtype=engine_dtype)
+                                    dtype=engine_dtype, precision=cfg.env.rollout.precision)
         self.memory = ColocatedMemory(self.actor, self.engine, cfg.deepspeed)
         self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
         self._start_ray()

@@ -15,6 +15,11 @@ or from trainer rank 0 over an update group, received by a `WeightReceiver` that
 (`sync/update_group.py`; the engine knows no transport). When the
 engine shares a GPU with the actor, `release_memory_occupation` frees its weights during the update and
 `resume_memory_occupation` takes the memory back for the sync that follows.
+
+`precision="fp8"` (`env.rollout.precision`): the fast path multiplies in FP8 (`rollout/fp8.py`). The engine still
+receives and holds the actor's weights exactly (the sync compares and fingerprints them); before the first forward
+after a sync it quantises them into FP8 copies, so its log-probs are those of a slightly different policy, which the
+trainer treats as the behaviour policy.
 """
 
 from __future__ import annotations
@@ -29,8 +34,11 @@ from torch import Tensor
 from vla_scale.algo import logprobs_from_logits
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.rollout.fast_forward import FastForward
+from vla_scale.rollout.fp8 import Fp8Weights, fp8_problem
 from vla_scale.sync.checksum import weights_checksum
 from vla_scale.sync.spans import span
+
+PRECISIONS = ("bf16", "fp8")
 
 
 @dataclass
@@ -48,13 +56,20 @@ class RolloutEngine:
 
     def __init__(self, policy: OFTPolicy, device: str | torch.device = "cpu", seed: int = 0,
                  fast: bool | None = None, compile: bool | None = None, pin_memory: bool | None = None,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, precision: str = "bf16", emulate_fp8: bool = False):
         """`fast`, `compile`, `pin_memory`: None picks them by device (all on for CUDA, off on CPU). `compile`
         applies to the fast path only; `pin_memory` stages host inputs in reused page-locked buffers so that their
         copy to the GPU is asynchronous. `dtype`: cast the engine's weights (e.g. bfloat16), None keeps the policy's;
-        weight sync then casts what it receives to it."""
+        weight sync then casts what it receives to it. `precision`: "bf16" multiplies in the weights' own dtype,
+        "fp8" on FP8 tensor cores (fast path only; refused on a device without them); `emulate_fp8` runs the FP8
+        arithmetic in float32 instead, on any device (tests)."""
         self.device = torch.device(device)
         on_gpu = self.device.type == "cuda"
+        if precision not in PRECISIONS:
+            raise ValueError(f"env.rollout.precision={precision!r}: choose one of {PRECISIONS}")
+        problem = fp8_problem(self.device) if precision == "fp8" and not emulate_fp8 else None
+        if problem is not None:
+            raise ValueError(problem)
         self.policy = policy.eval().requires_grad_(False)
         self._lay_out_weights(dtype, copy=True)
         if dtype is None:  # the buffers (the weights are in place already)
@@ -63,8 +78,15 @@ class RolloutEngine:
             self.policy.to(self.device, dtype)
         self.version = -1
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        use_fast = (on_gpu and FastForward.supports(self.policy)) if fast is None else fast
-        self.fast = FastForward(self.policy, on_gpu if compile is None else compile) if use_fast else None
+        wants_fast = on_gpu or precision == "fp8"  # FP8 products exist on the fast path only
+        use_fast = (wants_fast and FastForward.supports(self.policy)) if fast is None else fast
+        if precision == "fp8" and not (use_fast and FastForward.supports(self.policy)):
+            raise ValueError("env.rollout.precision=fp8 runs on the engine's fast path (a Llama policy with a silu "
+                             "MLP, fast=True); use env.rollout.precision=bf16")
+        self.fp8 = Fp8Weights(emulate_fp8) if precision == "fp8" else None
+        self._fp8_stale = True  # the FP8 copies no longer match the weights: quantise before the next forward
+        self.fast = (FastForward(self.policy, on_gpu if compile is None else compile, fp8=self.fp8) if use_fast
+                     else None)
         self.pin_memory = on_gpu if pin_memory is None else pin_memory
         self._staging: dict[str, Tensor] = {}
         self.released = False
@@ -119,6 +141,7 @@ class RolloutEngine:
         (the fast path's packing, read from the host's copy of the mask) spares reading them back from the device."""
         if self.fast is None:
             return self.policy(batch).float()
+        self.quantise()
         return self.fast(batch.pixel_values, batch.input_ids, batch.attention_mask, batch.proprio, prompt_lengths)
 
     @torch.no_grad()
@@ -161,6 +184,13 @@ class RolloutEngine:
             torch._foreach_copy_(targets, sources)  # one call for the whole bucket, not one copy per tensor
         self.version = version
         self._awaiting_sync = False
+        self._fp8_stale = True
+
+    def quantise(self) -> None:
+        """With fp8: make the FP8 copies of the weights as they are now, if a sync changed them since the last."""
+        if self.fp8 is not None and self._fp8_stale:
+            self.fp8.refresh(self.policy)
+            self._fp8_stale = False
 
     # ---- sharing a GPU with the actor -------------------------------------------------------------------------------
     def release_memory_occupation(self) -> None:
@@ -170,6 +200,9 @@ class RolloutEngine:
         self._shapes = [p.shape for p in self.policy.parameters()]
         for p in self.policy.parameters():
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        if self.fp8 is not None:
+            self.fp8.release()
+            self._fp8_stale = True
         self.released = True
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

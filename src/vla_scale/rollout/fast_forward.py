@@ -38,6 +38,7 @@ from torch import Tensor
 
 from vla_scale.models.policy import OFTPolicy
 from vla_scale.models.vision import ViT, quick_gelu
+from vla_scale.rollout.fp8 import Fp8Llama, Fp8Matrix, Fp8Vit, Fp8Weights, fp8_linear, quantise_rows, scaled_mm
 from vla_scale.sync.spans import span
 
 Weights = tuple[Tensor | None, ...]
@@ -65,7 +66,7 @@ class LlamaWeights(NamedTuple):
     down_bias: Tensor | None
     qkv: Tensor | None  # q, k and v weights as one matrix (a view), when they lie end to end without biases
     gate_up: Tensor | None  # gate and up weights as one matrix, likewise
-
+    fp8: Fp8Llama | None = None  # the layer's FP8 matrices, which the products then use (rollout.precision=fp8)
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -86,17 +87,27 @@ def _vit_act(x: Tensor, act: str) -> Tensor:
     return quick_gelu(x)
 
 
-def vit_block(x: Tensor, w: Weights, heads: int, eps: float, act: str) -> Tensor:
+def vit_block(x: Tensor, w: Weights, heads: int, eps: float, act: str, fp8: Fp8Vit | None = None) -> Tensor:
     """One pre-norm ViT block (`models.vision.Block`); w = (norm1 w, b, qkv w, b, proj w, b, norm2 w, b,
-    fc1 w, b, fc2 w, b, layer-scale 1, layer-scale 2), the layer scales None when the tower has none."""
+    fc1 w, b, fc2 w, b, layer-scale 1, layer-scale 2), the layer scales None when the tower has none. `fp8`: the
+    block's four products in FP8 (each input quantised in the kernel that produces it)."""
     n1w, n1b, qkv_w, qkv_b, proj_w, proj_b, n2w, n2b, fc1_w, fc1_b, fc2_w, fc2_b, ls1, ls2 = w
+    f8: tuple[Fp8Matrix | None, ...] = (None,) * 4 if fp8 is None else fp8[:4]
+    emulate = fp8 is not None and fp8.emulate
     b, n, d = x.shape
     h = F.layer_norm(x, (d,), n1w, n1b, eps)
-    q, k, v = F.linear(h, qkv_w, qkv_b).reshape(b, n, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
-    h = F.linear(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d), proj_w, proj_b)
+    q, k, v = _product(h, qkv_w, qkv_b, f8[0], emulate).reshape(b, n, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+    h = _product(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d), proj_w, proj_b, f8[1],
+                 emulate)
     x = x + (h if ls1 is None else h * ls1)
-    h = F.linear(_vit_act(F.linear(F.layer_norm(x, (d,), n2w, n2b, eps), fc1_w, fc1_b), act), fc2_w, fc2_b)
+    h = _product(F.layer_norm(x, (d,), n2w, n2b, eps), fc1_w, fc1_b, f8[2], emulate)
+    h = _product(_vit_act(h, act), fc2_w, fc2_b, f8[3], emulate)
     return x + (h if ls2 is None else h * ls2)
+
+
+def _product(h: Tensor, weight: Tensor, bias: Tensor | None, fp8: Fp8Matrix | None, emulate: bool) -> Tensor:
+    """`F.linear`, or its FP8 form when the matrix has an FP8 copy."""
+    return F.linear(h, weight, bias) if fp8 is None else fp8_linear(h, fp8, bias, emulate)
 
 
 def _rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -109,7 +120,11 @@ def llama_qkv(x: Tensor, cos: Tensor, sin: Tensor, w: LlamaWeights, heads: int, 
     """Input norm, projections and rotary embedding of packed positions x [N, D]: q [N, H, hd], k, v [N, H_kv, hd]."""
     n = x.shape[0]
     h = _rms_norm(x, w.input_norm, eps)
-    if w.qkv is not None:  # one product for all three (same dot products, one launch, fuller waves)
+    if w.fp8 is not None:
+        f = w.fp8
+        q, k, v = fp8_linear(h, f.qkv, f.qkv_bias, f.emulate).split(_qkv_sizes(f), dim=1)
+        q, k, v = q.view(n, heads, -1), k.view(n, kv_heads, -1), v.view(n, kv_heads, -1)
+    elif w.qkv is not None:  # one product for all three (same dot products, one launch, fuller waves)
         q, k, v = F.linear(h, w.qkv).split([w.q.shape[0], w.k.shape[0], w.v.shape[0]], dim=1)
         q, k, v = q.view(n, heads, -1), k.view(n, kv_heads, -1), v.view(n, kv_heads, -1)
     else:
@@ -125,9 +140,20 @@ def llama_qkv_rows(x: Tensor, read: Tensor, cos: Tensor, sin: Tensor, w: LlamaWe
     `read` int64[R]; also returns x at `read` (the residual stream of those rows)."""
     n = x.shape[0]
     h = _rms_norm(x, w.input_norm, eps)
-    k = F.linear(h, w.k, w.k_bias).view(n, kv_heads, -1)
-    v = F.linear(h, w.v, w.v_bias).view(n, kv_heads, -1)
-    q = F.linear(h.index_select(0, read), w.q, w.q_bias).view(read.shape[0], heads, -1)
+    if w.fp8 is not None:
+        f = w.fp8
+        data, scale = quantise_rows(h)  # once for all three products
+        q_bias, k_bias, v_bias = (None,) * 3 if f.qkv_bias is None else f.qkv_bias.split(_qkv_sizes(f))
+        kv = scaled_mm(data, scale, f.qkv.rows(f.q_out, f.qkv.data.shape[0]), h.dtype, f.emulate)
+        k, v = kv.split([f.k_out, kv.shape[1] - f.k_out], dim=1)
+        k, v = _biased(k, k_bias).view(n, kv_heads, -1), _biased(v, v_bias).view(n, kv_heads, -1)
+        q = scaled_mm(data.index_select(0, read), scale.index_select(0, read), f.qkv.rows(0, f.q_out), h.dtype,
+                      f.emulate)
+        q = _biased(q, q_bias).view(read.shape[0], heads, -1)
+    else:
+        k = F.linear(h, w.k, w.k_bias).view(n, kv_heads, -1)
+        v = F.linear(h, w.v, w.v_bias).view(n, kv_heads, -1)
+        q = F.linear(h.index_select(0, read), w.q, w.q_bias).view(read.shape[0], heads, -1)
     q = _rotary(q, cos.index_select(0, read), sin.index_select(0, read))
     return q, _rotary(k, cos, sin), v, x.index_select(0, read)
 
@@ -139,6 +165,23 @@ def llama_mlp_in(x: Tensor, w: LlamaWeights, eps: float) -> Tensor:
         gate, up = F.linear(h, w.gate_up).split([w.gate.shape[0], w.up.shape[0]], dim=1)
         return F.silu(gate) * up
     return F.silu(F.linear(h, w.gate, w.gate_bias)) * F.linear(h, w.up, w.up_bias)
+
+
+def llama_mlp_in_fp8(x: Tensor, w: LlamaWeights, eps: float) -> tuple[Tensor, Tensor]:
+    """`llama_mlp_in` through the layer's FP8 matrices, its output quantised per row for the down projection."""
+    f = w.fp8
+    assert f is not None
+    gate, up = fp8_linear(_rms_norm(x, w.post_norm, eps), f.gate_up, f.gate_up_bias, f.emulate).split(
+        [f.gate_out, f.gate_up.data.shape[0] - f.gate_out], dim=1)
+    return quantise_rows(F.silu(gate) * up)
+
+
+def _qkv_sizes(f: Fp8Llama) -> list[int]:
+    return [f.q_out, f.k_out, f.qkv.data.shape[0] - f.q_out - f.k_out]
+
+
+def _biased(x: Tensor, bias: Tensor | None) -> Tensor:
+    return x if bias is None else x + bias
 
 
 def add_linear_(x: Tensor, h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -219,12 +262,12 @@ def _vit_weights(block: Any) -> Weights:
             block.norm2.weight, block.norm2.bias, *_linear(block.mlp.fc1), *_linear(block.mlp.fc2), *scales)
 
 
-def _llama_weights(layer: Any) -> LlamaWeights:
+def _llama_weights(layer: Any, fp8: Fp8Llama | None = None) -> LlamaWeights:
     attn, mlp = layer.self_attn, layer.mlp
     return LlamaWeights(layer.input_layernorm.weight, *_linear(attn.q_proj), *_linear(attn.k_proj),
                         *_linear(attn.v_proj), *_linear(attn.o_proj), layer.post_attention_layernorm.weight,
                         *_linear(mlp.gate_proj), *_linear(mlp.up_proj), *_linear(mlp.down_proj),
-                        _stacked(attn.q_proj, attn.k_proj, attn.v_proj), _stacked(mlp.gate_proj, mlp.up_proj))
+                        _stacked(attn.q_proj, attn.k_proj, attn.v_proj), _stacked(mlp.gate_proj, mlp.up_proj), fp8)
 
 
 def _stacked(*linears: Any) -> Tensor | None:
@@ -240,9 +283,11 @@ def _stacked(*linears: Any) -> Tensor | None:
 
 class FastForward:
     """`policy.action_logits` (bins only) the fast way; `compile=True` runs the blocks through `torch.compile`;
-    `side_by_side` (on a GPU) runs two towers on two streams."""
+    `side_by_side` (on a GPU) runs two towers on two streams; `fp8`: the towers' and decoder layers' matrix products
+    through these FP8 copies of their weights (`rollout/fp8.py`; the caller keeps them fresh)."""
 
-    def __init__(self, policy: OFTPolicy, compile: bool = False, side_by_side: bool = True):
+    def __init__(self, policy: OFTPolicy, compile: bool = False, side_by_side: bool = True,
+                 fp8: Fp8Weights | None = None):
         if not self.supports(policy):
             raise ValueError("the fast forward implements Llama's silu MLP and bin logits; this policy has "
                              f"hidden_act={policy.language_model.config.hidden_act!r}")
@@ -254,7 +299,8 @@ class FastForward:
         self.causal = policy.spec.attention == "causal"
         wrap: Callable[[Callable], Callable] = (lambda f: torch.compile(f)) if compile else (lambda f: f)
         self._vit_block, self._qkv, self._qkv_rows = wrap(vit_block), wrap(llama_qkv), wrap(llama_qkv_rows)
-        self._mlp_in = wrap(llama_mlp_in)
+        self._mlp_in, self._mlp_in_fp8, self._fp8_linear = wrap(llama_mlp_in), wrap(llama_mlp_in_fp8), wrap(fp8_linear)
+        self.fp8 = fp8
         self.side_by_side = side_by_side
         self._side: torch.cuda.Stream | None = None
 
@@ -272,9 +318,11 @@ class FastForward:
         """A tower one block per step (`ViT.forward`); the last step yields its patch features."""
         x = vit.norm_pre(vit._prefix_and_positions(vit.patch_embed(pixels)))
         spec = vit.spec
-        for block in vit.blocks[: spec.blocks_run]:
+        fp8 = None if self.fp8 is None else self.fp8.towers.get(id(vit))  # absent: the tower in bf16
+        for i, block in enumerate(vit.blocks[: spec.blocks_run]):
             self._dynamic((x, 0))
-            x = self._vit_block(x, _vit_weights(block), spec.num_heads, spec.norm_eps, spec.act)
+            x = self._vit_block(x, _vit_weights(block), spec.num_heads, spec.norm_eps, spec.act,
+                                None if fp8 is None else fp8[i])
             yield x
         yield (vit.norm(x) if spec.norm_features else x)[:, spec.num_prefix_tokens :]
 
@@ -321,14 +369,29 @@ class FastForward:
 
     def _mlp(self, x: Tensor, w: LlamaWeights) -> Tensor:
         self._dynamic((x, 0))
-        return add_linear_(x, self._mlp_in(x, w, self.eps), w.down, w.down_bias)
+        if w.fp8 is None:
+            return add_linear_(x, self._mlp_in(x, w, self.eps), w.down, w.down_bias)
+        data, scale = self._mlp_in_fp8(x, w, self.eps)
+        x.add_(scaled_mm(data, scale, w.fp8.down, x.dtype, w.fp8.emulate))
+        return x if w.down_bias is None else x.add_(w.down_bias)
+
+    def _add_o_proj(self, x: Tensor, out: Tensor, w: LlamaWeights) -> None:
+        """x += out's output projection, in place."""
+        if w.fp8 is None:
+            add_linear_(x, out, w.o, w.o_bias)
+        else:
+            self._dynamic((out, 0))
+            x.add_(self._fp8_linear(out, w.fp8.o, w.o_bias, w.fp8.emulate))
+
+    def _llama_weights(self, layer: Any, index: int) -> LlamaWeights:
+        return _llama_weights(layer, None if self.fp8 is None else self.fp8.layers[index])
 
     def _layer(self, x: Tensor, cos: Tensor, sin: Tensor, groups: Groups, w: LlamaWeights) -> Tensor:
         """One decoder layer over the packed positions x [N, D], updated in place."""
         self._dynamic((x, 0), (cos, 0), (sin, 0))
         q, k, v = self._qkv(x, cos, sin, w, self.heads, self.kv_heads, self.eps)
         for rows, out in attend(q, k, v, groups, self.causal):
-            add_linear_(x[rows], out, w.o, w.o_bias)
+            self._add_o_proj(x[rows], out, w)
         return self._mlp(x, w)
 
     def _last_layer(self, x: Tensor, read: Tensor, starts: Tensor, cos: Tensor, sin: Tensor, groups: Groups,
@@ -338,7 +401,7 @@ class FastForward:
         self._dynamic((x, 0), (flat, 0), (cos, 0), (sin, 0))
         q, k, v, x_rows = self._qkv_rows(x, flat, cos, sin, w, self.heads, self.kv_heads, self.eps)
         for rows, out in attend(q, k, v, groups, self.causal, read):
-            add_linear_(x_rows[rows], out, w.o, w.o_bias)
+            self._add_o_proj(x_rows[rows], out, w)
         return self._mlp(x_rows, w)
 
     def forward(self, pixel_values: Tensor, input_ids: Tensor, attention_mask: Tensor, proprio: Tensor | None,
@@ -354,10 +417,11 @@ class FastForward:
         llm = policy.language_model.model
         cos, sin = (c[0] for c in llm.rotary_emb(x, positions.unsqueeze(0)))
         layers = llm.layers[: llm.config.num_hidden_layers]
-        for layer in layers[:-1]:
-            x = self._layer(x, cos, sin, groups, _llama_weights(layer))
+        for i, layer in enumerate(layers[:-1]):
+            x = self._layer(x, cos, sin, groups, self._llama_weights(layer, i))
         read = rows.index_select(0, order)
-        hidden = llm.norm(self._last_layer(x, read, starts, cos, sin, groups, _llama_weights(layers[-1])))
+        last = self._llama_weights(layers[-1], len(layers) - 1)
+        hidden = llm.norm(self._last_layer(x, read, starts, cos, sin, groups, last))
         begin = spec.action_token_begin
         head = policy.language_model.lm_head
         bias = None if head.bias is None else head.bias[begin : begin + spec.n_bins]

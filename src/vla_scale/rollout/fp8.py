@@ -1,0 +1,178 @@
+"""FP8 (e4m3) matrix products for the rollout engine: weights quantised per output channel, activations per row.
+
+With `env.rollout.precision=fp8` the engine keeps the bf16 weights the sync delivered (the checksum is taken on them)
+and, before the first decode after a sync, quantises every weight matrix of the ViT blocks and the Llama decoder layers
+into an `Fp8Matrix`: e4m3 values and one float32 scale per output channel (row), the row's largest magnitude / 448.
+The fast forward quantises each product's input per row the same way, inside the compiled function that produces it
+(the norm, the SiLU product), and multiplies with `torch._scaled_mm`, which applies both scales in its epilogue and
+writes bf16. Norms, attention, the projector, the LM head (the bin logits) and the log-probs stay as they are.
+
+Per-channel and per-row scales cost the same as one scale per tensor in `_scaled_mm` and follow the spread of
+magnitudes across a layer's rows, so one outlier row does not flatten the others.
+
+`emulate=True` runs the same quantisation and multiplies the dequantised values in float32: what the CPU tests check
+(scales, saturation, the sync-then-quantise order) without FP8 tensor cores. It is chosen explicitly, never as a
+fallback: `fp8_problem` names a device that cannot multiply FP8 and the engine refuses it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0  # the largest finite e4m3 value
+MIN_SCALE = 1e-12  # an all-zero row keeps a finite scale and quantises to zeros
+FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first CUDA devices with FP8 tensor cores
+
+
+class Fp8Matrix(NamedTuple):
+    """A weight [out, in] as e4m3 values and float32 scales [out]: row i is approximately data[i] * scale[i]."""
+
+    data: Tensor
+    scale: Tensor
+
+    def rows(self, start: int, stop: int) -> Fp8Matrix:
+        """Output channels start..stop (a view: the q, k or v part of a stacked q-k-v matrix)."""
+        return Fp8Matrix(self.data[start:stop], self.scale[start:stop])
+
+
+def quantise_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """e4m3 values and float32 scales [rows] of x [rows, cols]: each row scaled so its largest magnitude is 448."""
+    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=MIN_SCALE) / E4M3_MAX
+    data = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return data, scale.squeeze(-1)
+
+
+def dequantise(data: Tensor, scale: Tensor) -> Tensor:
+    """float32 values of quantised rows (what the FP8 product multiplies, exactly)."""
+    return data.float() * scale.unsqueeze(-1)
+
+
+def quantise_weight(weight: Tensor) -> Fp8Matrix:
+    data, scale = quantise_rows(weight)
+    return Fp8Matrix(data, scale)
+
+
+def scaled_mm(data: Tensor, scale: Tensor, w: Fp8Matrix, out_dtype: torch.dtype, emulate: bool) -> Tensor:
+    """(data * scale) @ (w.data * w.scale).T for quantised rows data [M, K], scale [M]: [M, out] in out_dtype."""
+    if emulate:
+        return (dequantise(data, scale) @ dequantise(w.data, w.scale).t()).to(out_dtype)
+    return torch._scaled_mm(data, w.data.t(), scale_a=scale.unsqueeze(1), scale_b=w.scale.unsqueeze(0),
+                            out_dtype=out_dtype)
+
+
+def fp8_linear(x: Tensor, w: Fp8Matrix, bias: Tensor | None, emulate: bool) -> Tensor:
+    """`F.linear(x, weight, bias)` through FP8: x [..., in] quantised per row, then `scaled_mm`; x's dtype out."""
+    data, scale = quantise_rows(x.reshape(-1, x.shape[-1]))
+    out = scaled_mm(data, scale, w, x.dtype, emulate).view(*x.shape[:-1], -1)
+    return out if bias is None else out + bias
+
+
+def fp8_problem(device: torch.device) -> str | None:
+    """Why `device` cannot run the FP8 products (None when it can)."""
+    fix = "use env.rollout.precision=bf16"
+    if device.type != "cuda":
+        return (f"env.rollout.precision=fp8 multiplies on FP8 tensor cores, which the rollout device {device} does not "
+                f"have (it needs a CUDA GPU of compute capability 8.9 or newer: L4/L40S, H100, H200, B200); {fix}")
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < FP8_CAPABILITY:
+        return (f"env.rollout.precision=fp8 needs FP8 tensor cores (compute capability 8.9 or newer); "
+                f"{torch.cuda.get_device_name(device)} has {major}.{minor}; {fix}")
+    if not hasattr(torch, "_scaled_mm"):
+        return f"env.rollout.precision=fp8 needs torch._scaled_mm, which torch {torch.__version__} lacks; {fix}"
+    return None
+
+
+def check_shape(name: str, weight: Tensor, emulate: bool) -> None:
+    """FP8 tensor cores multiply matrices whose both sides are multiples of 16; refuse others by name."""
+    if not emulate and (weight.shape[0] % 16 or weight.shape[1] % 16):
+        raise ValueError(f"env.rollout.precision=fp8 cannot multiply {name} {tuple(weight.shape)} on FP8 tensor cores "
+                         "(both sides must be multiples of 16); use env.rollout.precision=bf16 for this policy")
+
+
+class Fp8Vit(NamedTuple):
+    """One ViT block's matrices in FP8 (biases stay on the module, in bf16)."""
+
+    qkv: Fp8Matrix
+    proj: Fp8Matrix
+    fc1: Fp8Matrix
+    fc2: Fp8Matrix
+    emulate: bool
+
+
+class Fp8Llama(NamedTuple):
+    """One decoder layer's matrices in FP8: q-k-v stacked (split at `q_out` and `q_out + k_out`), o, gate-up
+    stacked (split at `gate_out`), down; the stacked biases where the layer has any."""
+
+    qkv: Fp8Matrix
+    qkv_bias: Tensor | None
+    q_out: int
+    k_out: int
+    o: Fp8Matrix
+    gate_up: Fp8Matrix
+    gate_up_bias: Tensor | None
+    gate_out: int
+    down: Fp8Matrix
+    emulate: bool
+
+
+def _stacked_bias(*linears: torch.nn.Module) -> Tensor | None:
+    biases = [m.bias for m in linears]
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([b if b is not None else torch.zeros(m.weight.shape[0], dtype=m.weight.dtype,
+                                                          device=m.weight.device)
+                      for b, m in zip(biases, linears, strict=True)])
+
+
+class Fp8Weights:
+    """The FP8 copies of a policy's ViT and Llama matrices, refreshed from its bf16 weights after each sync."""
+
+    def __init__(self, emulate: bool = False):
+        self.emulate = emulate
+        self.towers: dict[int, list[Fp8Vit]] = {}  # by id() of the ViT module
+        self.layers: list[Fp8Llama] = []
+
+    def _quantise(self, name: str, *linears: torch.nn.Module) -> Fp8Matrix:
+        weight = torch.cat([m.weight for m in linears]) if len(linears) > 1 else linears[0].weight
+        check_shape(name, weight, self.emulate)
+        return quantise_weight(weight)
+
+    @torch.no_grad()
+    def refresh(self, policy: torch.nn.Module) -> None:
+        """Quantise every block of the policy's towers and every decoder layer (the previous copies are let go
+        first, so the new ones take their memory)."""
+        self.release()
+        backbone = policy.vision_backbone
+        for vit in (backbone.featurizer, backbone.fused_featurizer):
+            if vit is not None:
+                self.towers[id(vit)] = [self._vit(f"tower block {i}", block)
+                                        for i, block in enumerate(vit.blocks[: vit.spec.blocks_run])]
+        llm = policy.language_model.model
+        self.layers = [self._llama(f"decoder layer {i}", layer)
+                       for i, layer in enumerate(llm.layers[: llm.config.num_hidden_layers])]
+
+    def _vit(self, name: str, block: torch.nn.Module) -> Fp8Vit:
+        return Fp8Vit(self._quantise(f"{name} qkv", block.attn.qkv), self._quantise(f"{name} proj", block.attn.proj),
+                      self._quantise(f"{name} fc1", block.mlp.fc1), self._quantise(f"{name} fc2", block.mlp.fc2),
+                      self.emulate)
+
+    def _llama(self, name: str, layer: torch.nn.Module) -> Fp8Llama:
+        attn, mlp = layer.self_attn, layer.mlp
+        return Fp8Llama(self._quantise(f"{name} q-k-v", attn.q_proj, attn.k_proj, attn.v_proj),
+                        _stacked_bias(attn.q_proj, attn.k_proj, attn.v_proj), attn.q_proj.weight.shape[0],
+                        attn.k_proj.weight.shape[0], self._quantise(f"{name} o", attn.o_proj),
+                        self._quantise(f"{name} gate-up", mlp.gate_proj, mlp.up_proj),
+                        _stacked_bias(mlp.gate_proj, mlp.up_proj), mlp.gate_proj.weight.shape[0],
+                        self._quantise(f"{name} down", mlp.down_proj), self.emulate)
+
+    def release(self) -> None:
+        self.towers, self.layers = {}, []
+
+    def nbytes(self) -> int:
+        matrices = [m for block in [*self.layers, *(b for t in self.towers.values() for b in t)]
+                    for m in block if isinstance(m, Fp8Matrix)]
+        return sum(m.data.numel() + 4 * m.scale.numel() for m in matrices)
