@@ -11,7 +11,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import deepspeed
 import torch
@@ -20,6 +20,7 @@ from deepspeed.utils import set_z3_leaf_modules
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from vla_scale.algo import clipped_policy_loss, logprobs_from_logits, token_entropy, truncated_is_weights
+from vla_scale.batches import MicroBatch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig
 from vla_scale.models.lora import add_adapters
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
@@ -148,18 +149,6 @@ def stream_states_through_step(zero_optimizer: Any, states: OptimizerStates, act
 
     zero_optimizer._prepare_sub_group = prepare_with_states
     zero_optimizer._release_sub_group = release_with_states
-
-
-class MicroBatch(NamedTuple):
-    """One forward/backward of an update: inputs, sampled tokens, old log-probs (the rollout's, or recomputed),
-    advantages, the mask of the tokens that enter the loss and their weights (`algo.token_weights`)."""
-
-    inputs: PolicyInputs
-    tokens: torch.Tensor
-    old_logprobs: torch.Tensor
-    advantages: torch.Tensor
-    mask: torch.Tensor
-    weights: torch.Tensor
 
 
 @dataclass

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from vla_scale.actor import Actor, MicroBatch, init_distributed
+from vla_scale.actor import Actor, init_distributed
+from vla_scale.batches import MicroBatch
 from vla_scale.config import AlgoConfig, ConfigError, DeepSpeedConfig, EnvConfig, LoraConfig, ModelConfig, validate
 from vla_scale.envs.reach import instructions
 from vla_scale.models import PretrainedVLA, Processor, WordTokenizer, build_policy
