@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -175,7 +174,6 @@ class Trainer:
         self.step, self.version = 0, 0
         self.groups = cfg.algo.batch_size // self.world  # groups this rank rolls out per step
         self.next_specs: list[TaskSpec] | None = None
-        self.events: deque[tuple[str, float]] = deque(maxlen=64)  # (what, when): the recent reset/update overlap
         self.fleet: SimFleet | None = None
         self.stop = StopSignals()
         self.ready = False
@@ -281,12 +279,10 @@ class Trainer:
         if self.schedule.prefetches_after(self.step):
             self.next_specs = self.sampler.draw(self.groups)
             self.loop.prefetch(repeat_for_groups(self.next_specs, self.cfg.algo.group_size))
-            self.events.append(("reset_sent", time.perf_counter()))
         with timer("make_room"):
             self.memory.for_update()
         with timer("update"):
             stats = self.update(batch)
-        self.events.append(("update_done", time.perf_counter()))
         with timer("sync"):
             report = self.sync(self.version + 1)
         self.step += 1
