@@ -7,15 +7,12 @@ whole model; weight sync and checkpoints gather parameters explicitly (`sync/wei
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import deepspeed
 import torch
-import torch.distributed as dist
 from deepspeed.utils import set_z3_leaf_modules
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
@@ -25,25 +22,6 @@ from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig
 from vla_scale.models.lora import add_adapters
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.models.vision import Block
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def init_distributed() -> tuple[int, int]:
-    """Join (or, without a launcher, create) the process group; returns (rank, world size)."""
-    if not dist.is_initialized():
-        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-            os.environ.setdefault(key, value)
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if torch.cuda.is_available():  # before anything is allocated (zero.Init builds on the current device)
-            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
-    return dist.get_rank(), dist.get_world_size()
 
 
 def deepspeed_config(ds: DeepSpeedConfig, algo: AlgoConfig) -> dict[str, Any]:

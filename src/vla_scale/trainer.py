@@ -15,22 +15,23 @@ import os
 import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from vla_scale import checkpoint
-from vla_scale.actor import Actor, init_distributed
+from vla_scale.actor import Actor
 from vla_scale.batches import StepBatch, group_uids, kept_groups, plan_update, repeat_for_groups, step_mismatch
 from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, validate
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop, LoopStats, Trajectory, success_metrics
-from vla_scale.rollout.sampler import TaskSampler
-from vla_scale.rollout.stack import max_chunks, start_fleet, start_ray_for
+from vla_scale.rollout.sampler import TaskSampler, eval_specs
+from vla_scale.rollout.stack import max_chunks, play_eval, start_fleet, start_ray_for
 from vla_scale.run_log import RunLogger, progress
+from vla_scale.run_setup import init_distributed, resolved_config
 from vla_scale.sim.cluster import ray_address_problem, start_ray
 from vla_scale.sim.fleet import SimFleet, SimNodeLost
 from vla_scale.stop_signals import Preempted, StopSignals
@@ -136,13 +137,6 @@ def make_deterministic() -> None:
     if torch.cuda.is_available():
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
-
-
-def resolved_config(cfg: Config, vla: PretrainedVLA) -> Config:
-    """`cfg` with what the policy decides filled in: a checkpoint's architecture, the prompt budget, the env's
-    camera resolution (0: the policy pipeline's). The run logs and saves this one."""
-    env = replace(cfg.env, camera_resolution=vla.camera_resolution(cfg.env))
-    return replace(cfg, model=vla.model_config(cfg.model), env=env)
 
 
 class Trainer:
@@ -378,9 +372,8 @@ class Trainer:
 
     # ---- evaluation -------------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        specs = self.sampler.eval_specs()[self.rank :: self.world]  # each rank plays its share
-        uids = [f"eval.{self.rank}.{i}" for i in range(len(specs))]
-        trajs = self.loop.run(specs, uids, self.cfg.algo.temperature, greedy=True)
+        specs = eval_specs(self.cfg.env)[self.rank :: self.world]  # each rank plays its share
+        trajs = play_eval(self.loop, specs, self.cfg.algo.temperature, f"eval.{self.rank}.")
         if self.world > 1:
             parts: list = [None] * self.world
             dist.all_gather_object(parts, [(t.task, t.success) for t in trajs])
