@@ -63,6 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+from vla_scale.batches import Sample, plan_update, policy_inputs  # noqa: E402
 from vla_scale.config import Config, RolloutConfig, register_configs, to_config, validate  # noqa: E402
 from vla_scale.models.processor import PolicyInputs  # noqa: E402
 from vla_scale.rollout.engine import Decoded, RolloutEngine  # noqa: E402
@@ -248,11 +249,11 @@ def forward_flops(trainer, batch_rows: int = 8) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
     trajs = [t for group in trainer.last_batch.groups for t in group]
-    rows = [(t, 0, 0.0, 0) for t in trajs[:batch_rows]]  # episodes of several instructions: their prompt lengths
-    inputs, tokens = trainer._inputs_and_tokens(rows)
+    samples = [Sample(t, 0, 0.0, 0) for t in trajs[:batch_rows]]  # episodes of several instructions: their prompts
+    inputs, tokens = policy_inputs(samples, trainer.processor)
     with FlopCounterMode(display=False) as counter:
         trainer.actor.logprobs(inputs, tokens)
-    return counter.get_total_flops() / len(rows)
+    return counter.get_total_flops() / len(samples)
 
 
 def matmul_rate(device: torch.device) -> float:
@@ -308,13 +309,13 @@ def entropy_pass(trainer) -> float:
     """Seconds of the anchors' extra forward after the update: every sample of the step, no gradient, 64 at a time
     (the log-probs' forward: the same FLOPs as their entropy's)."""
     trajs = [t for group in trainer.last_batch.groups for t in group]
-    rows = [(t, k, 0.0, e) for e, t in enumerate(trajs) for k in range(len(t))]
+    samples = [Sample(t, k, 0.0, e) for e, t in enumerate(trajs) for k in range(len(t))]
     device = trainer.actor.device
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    for first in range(0, len(rows), ENTROPY_MICRO_BATCH):
-        trainer.actor.logprobs(*trainer._inputs_and_tokens(rows[first : first + ENTROPY_MICRO_BATCH]))
+    for first in range(0, len(samples), ENTROPY_MICRO_BATCH):
+        trainer.actor.logprobs(*policy_inputs(samples[first : first + ENTROPY_MICRO_BATCH], trainer.processor))
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
@@ -401,12 +402,8 @@ def rollout_sweep(trainer, cfg: Config, costs: list[float], stages: int) -> None
 def update_alone(trainer) -> tuple[float, float]:
     """Seconds and peak GiB of `Actor.update` on the last step's samples, micro-batches built beforehand (nothing
     else timed)."""
-    from vla_scale.algo import group_advantages
-
-    trajs = [t for group in trainer.last_batch.groups for t in group]
-    adv = group_advantages(torch.tensor([t.reward for t in trajs]), [t.uid for t in trajs])
-    plans = [trainer._loss_plan(mini, trajs, adv) for mini in trainer._mini_batches(trajs)]
-    micro = [[trainer._micro_batch(mb, part) for part in mb.parts] for mb in plans]
+    plans = plan_update(trainer.last_batch.groups, trainer.cfg.algo, trainer.cfg.model, trainer.mean_over_ranks)
+    micro = [mb.micro_batches(trainer.processor) for mb in plans]
     trainer.memory.for_update()
     device = trainer.actor.device
     if device.type == "cuda":

@@ -37,10 +37,12 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from vla_scale.actor import Actor, MicroBatch, init_distributed
+from vla_scale.actor import Actor
+from vla_scale.batches import MicroBatch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.models import PretrainedVLA
 from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.run_setup import init_distributed
 from vla_scale.sync.weight_sync import gathered_buckets, sync_weights
 
 TEXTS = ["pick up the black bowl and place it on the plate", "open the top drawer", "put the cream cheese in the bowl"]

@@ -82,16 +82,14 @@ def write_tables(run_dir: str, suite: str, rows: list[list[str]], protocol: str 
 
 
 def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) -> float:
-    import numpy as np
-
     from vla_scale.envs.registry import suite_instructions
-    from vla_scale.envs.types import TaskSpec
     from vla_scale.models import PretrainedVLA
     from vla_scale.rollout.engine import RolloutEngine
     from vla_scale.rollout.env_loop import EnvLoop, success_metrics
-    from vla_scale.rollout.stack import max_chunks, start_fleet, start_ray_for
+    from vla_scale.rollout.sampler import eval_specs
+    from vla_scale.rollout.stack import max_chunks, play_eval, start_fleet, start_ray_for
     from vla_scale.run_log import RunLogger, progress
-    from vla_scale.trainer import resolved_config
+    from vla_scale.run_setup import resolved_config
 
     vla = PretrainedVLA.for_env(cfg.model, cfg.env, explicit)  # checked against the env before anything starts
     cfg = resolved_config(cfg, vla)
@@ -101,7 +99,7 @@ def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) 
     policy = vla.policy
     source = f"{vla.source} (smoke run)" if not cfg.model.checkpoint else vla.source
     engine = RolloutEngine(policy, "cuda" if torch.cuda.is_available() else "cpu", seed=cfg.seed)
-    specs = [TaskSpec(e.suite, task, state) for task in range(e.num_tasks) for state in init_state_ids(e, "eval")]
+    specs = eval_specs(e)
     log = RunLogger(run_dir)
     protocol = protocol_line(e)
     print(f"evaluating {source} on {e.suite}: {len(specs)} episodes, run directory {run_dir}\n"
@@ -110,22 +108,16 @@ def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) 
     size = e.num_workers * e.sims_per_worker * e.rollout.pipeline_stage_num  # one simulator per slot
     fleet = start_fleet(e, vla, size)
     loop = EnvLoop(fleet, engine, vla, max_chunks(e, cfg.model.chunk_len))
-    results: dict[int, list[bool]] = {task: [] for task in range(e.num_tasks)}
-    trajs = []
     bar = progress(len(specs), 0, cfg.progress, f"eval {e.suite}")
     t0 = time.perf_counter()
     try:
-        for start in range(0, len(specs), size):
-            part = specs[start : start + size]
-            done = loop.run(part, [f"eval.{start + i}" for i in range(len(part))], cfg.algo.temperature, greedy=True)
-            for traj in done:
-                results[traj.task.task_id].append(traj.success)
-            trajs.extend(done)
-            bar.update(len(part))
-            bar.set_postfix(success=f"{np.mean([t.success for t in trajs]):.2f}")
+        trajs = play_eval(loop, specs, cfg.algo.temperature, "eval.", bar)
     finally:
         bar.close()
         fleet.close()
+    results: dict[int, list[bool]] = {task: [] for task in range(e.num_tasks)}
+    for traj in trajs:
+        results[traj.task.task_id].append(traj.success)
     rows = success_table(e.suite, instructions, results)
     csv_path, md_path = write_tables(run_dir, e.suite, rows, protocol)
     rate = float(rows[-1][-1])

@@ -40,7 +40,7 @@ def _shared_run_dir(argv: list[str]) -> list[str]:
 
     import torch.distributed as dist
 
-    from vla_scale.actor import init_distributed
+    from vla_scale.run_setup import init_distributed
 
     init_distributed()
     choice = [time.strftime("runs/%Y-%m-%d_%H-%M-%S")]

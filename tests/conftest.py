@@ -24,12 +24,15 @@ def script_env() -> dict[str, str]:
     return dict(env, PYTHONPATH=path, OMP_NUM_THREADS="1")
 
 
-TINY = [
-    "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.vision_dim=32",
-    "model.num_heads=2", "algo.batch_size=2", "algo.group_size=4", "algo.mini_batches=1", "algo.max_resample_rounds=0",
-    "algo.filter_low=0", "algo.filter_high=1",
-    "env.num_workers=1", "env.sims_per_worker=2", "env.num_eval_init_states=2", "env.max_steps=16", "progress=false",
-]
+TINY_MODEL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.vision_dim=32",
+              "model.num_heads=2"]
+"""The default policy shrunk to a few thousand parameters."""
+TINY_ALGO = ["algo.batch_size=2", "algo.group_size=4", "algo.mini_batches=1", "algo.max_resample_rounds=0",
+             "algo.filter_low=0", "algo.filter_high=1"]
+"""One small update a step, every group kept."""
+TINY_ENV = ["env.num_workers=1", "env.sims_per_worker=2", "env.num_eval_init_states=2"]
+"""Two simulators, two evaluation episodes per task."""
+TINY = [*TINY_MODEL, *TINY_ALGO, *TINY_ENV, "env.max_steps=16", "progress=false"]
 """Overrides that shrink the embedded default run to a few seconds a step."""
 
 
@@ -71,10 +74,7 @@ def tiny_config():
 
     def make(*overrides: str):
         register_configs()
-        small = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.vision_dim=32",
-                 "model.num_heads=2", "algo.batch_size=2", "algo.group_size=4", "algo.mini_batches=1",
-                 "algo.max_resample_rounds=0", "algo.filter_low=0", "algo.filter_high=1", "env.num_workers=1",
-                 "env.sims_per_worker=2", "env.num_eval_init_states=2", "progress=false", "save_every=0"]
+        small = [*TINY_MODEL, *TINY_ALGO, *TINY_ENV, "progress=false", "save_every=0"]
         with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
             return to_config(compose(config_name="config", overrides=small + list(overrides)))
 

@@ -123,12 +123,12 @@ def test_world_size_enters_the_arithmetic():
 
 
 def test_every_field_is_documented_and_config_md_is_current():
-    from vla_scale.config import config_markdown, field_docs
+    from vla_scale.config.docs import config_markdown, field_docs
 
     missing = [f"{cls}.{name}" for cls, rows in field_docs().items() for name, _, _, doc in rows if not doc]
     assert not missing, f"fields without a docstring: {missing}"
     assert (CONFIGS.parent / "docs" / "CONFIG.md").read_text().strip() == config_markdown().strip(), \
-        "docs/CONFIG.md is stale: run `python -m vla_scale.config > docs/CONFIG.md`"
+        "docs/CONFIG.md is stale: run `python -m vla_scale.config.docs > docs/CONFIG.md`"
 
 
 def _numeric_keys(schema: type, prefix: str = "") -> list[str]:

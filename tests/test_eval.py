@@ -10,12 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import read_scalars, run_script
+from conftest import TINY_ENV, TINY_MODEL, read_scalars, run_script
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.vision_dim=32",
-         "model.num_heads=2", "env.num_workers=1", "env.sims_per_worker=2", "env.num_eval_init_states=2",
-         "progress=false"]
+SMALL = [*TINY_MODEL, *TINY_ENV, "progress=false"]
 
 
 def run_eval(*args: str) -> subprocess.CompletedProcess:

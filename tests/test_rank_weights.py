@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, TINY, script_env
+from conftest import ROOT, TINY_MODEL, script_env
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -24,7 +24,8 @@ SCRIPT = textwrap.dedent("""
     from vla_scale.config import register_configs, to_config
     from vla_scale.envs.types import TaskSpec
     from vla_scale.rollout.env_loop import Trajectory
-    from vla_scale.trainer import StepBatch, Trainer
+    from vla_scale.batches import StepBatch
+    from vla_scale.trainer import Trainer
 
     out, root, *overrides = sys.argv[1:]
     register_configs()
@@ -73,7 +74,7 @@ SCRIPT = textwrap.dedent("""
         json.dump(found, open(out, "w"))
 """)
 
-OVERRIDES = [*TINY[:5], "deepspeed.zero_stage=0", "algo.mini_batches=1", "algo.micro_batches=2", "algo.batch_size=2"]
+OVERRIDES = [*TINY_MODEL, "deepspeed.zero_stage=0", "algo.mini_batches=1", "algo.micro_batches=2", "algo.batch_size=2"]
 
 
 def _gradients(tmp_path: Path, ranks: int) -> dict[str, dict[str, np.ndarray]]:

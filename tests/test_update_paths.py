@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from vla_scale.actor import Actor, MicroBatch, init_distributed
+from vla_scale.actor import Actor
 from vla_scale.algo import truncated_is_weights
+from vla_scale.batches import MicroBatch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer, build_policy
+from vla_scale.run_setup import init_distributed
 from vla_scale.sync.checksum import weights_checksum
 from vla_scale.sync.weight_sync import gathered_buckets
 

@@ -7,42 +7,21 @@ whole model; weight sync and checkpoints gather parameters explicitly (`sync/wei
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import deepspeed
 import torch
-import torch.distributed as dist
 from deepspeed.utils import set_z3_leaf_modules
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from vla_scale.algo import clipped_policy_loss, logprobs_from_logits, token_entropy, truncated_is_weights
+from vla_scale.batches import MicroBatch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig
 from vla_scale.models.lora import add_adapters
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.models.vision import Block
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def init_distributed() -> tuple[int, int]:
-    """Join (or, without a launcher, create) the process group; returns (rank, world size)."""
-    if not dist.is_initialized():
-        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-            os.environ.setdefault(key, value)
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if torch.cuda.is_available():  # before anything is allocated (zero.Init builds on the current device)
-            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
-    return dist.get_rank(), dist.get_world_size()
 
 
 def deepspeed_config(ds: DeepSpeedConfig, algo: AlgoConfig) -> dict[str, Any]:
@@ -148,18 +127,6 @@ def stream_states_through_step(zero_optimizer: Any, states: OptimizerStates, act
 
     zero_optimizer._prepare_sub_group = prepare_with_states
     zero_optimizer._release_sub_group = release_with_states
-
-
-class MicroBatch(NamedTuple):
-    """One forward/backward of an update: inputs, sampled tokens, old log-probs (the rollout's, or recomputed),
-    advantages, the mask of the tokens that enter the loss and their weights (`algo.token_weights`)."""
-
-    inputs: PolicyInputs
-    tokens: torch.Tensor
-    old_logprobs: torch.Tensor
-    advantages: torch.Tensor
-    mask: torch.Tensor
-    weights: torch.Tensor
 
 
 @dataclass

@@ -13,68 +13,34 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from vla_scale import checkpoint
-from vla_scale.actor import Actor, MicroBatch, init_distributed
-from vla_scale.algo import (
-    executed_action_mask,
-    group_advantages,
-    group_success_filter,
-    logprob_mismatch,
-    loss_normaliser,
-    token_weights,
-    truncated_is_weights,
-)
+from vla_scale.actor import Actor
+from vla_scale.batches import StepBatch, group_uids, kept_groups, plan_update, repeat_for_groups, step_mismatch
 from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, validate
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
-from vla_scale.models.policy import PolicyInputs
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop, LoopStats, Trajectory, success_metrics
 from vla_scale.rollout.fp8 import fp8_problem
-from vla_scale.rollout.sampler import TaskSampler
-from vla_scale.rollout.stack import max_chunks, start_fleet, start_ray_for
+from vla_scale.rollout.sampler import TaskSampler, eval_specs
+from vla_scale.rollout.stack import max_chunks, play_eval, start_fleet, start_ray_for
 from vla_scale.run_log import RunLogger, progress
+from vla_scale.run_setup import init_distributed, resolved_config
 from vla_scale.sim.cluster import ray_address_problem, start_ray
 from vla_scale.sim.fleet import SimFleet, SimNodeLost
 from vla_scale.stop_signals import Preempted, StopSignals
 from vla_scale.sync.weight_sync import SyncReport, sync_weights
 
 
-@dataclass
-class MiniBatch:
-    """One optimizer step's samples: rows (episode, chunk step, advantage, episode index), the tokens that enter the
-    loss, their weights, the rollout's log-probs, the old log-probs of the loss (the rollout's, or the actor's once
-    recomputed) and the split into micro-batches (index arrays into rows)."""
-
-    rows: list[tuple[Trajectory, int, float, int]]
-    mask: torch.Tensor  # bool [R, K]
-    weights: torch.Tensor  # float32 [R, K]
-    rollout: torch.Tensor  # float32 [R, K]
-    old: torch.Tensor  # float32 [R, K]
-    parts: list[np.ndarray]
-
-
 class SimulatorLost(RuntimeError):
     """The run stopped because simulators were lost with their node; the last finished step is saved."""
-
-
-@dataclass
-class StepBatch:
-    """The groups kept for one update, and what the rollout saw before filtering."""
-
-    groups: list[list[Trajectory]]
-    success_rate: float
-    rounds: int
-    episodes: int
 
 
 class PhaseTimer:
@@ -174,13 +140,6 @@ def make_deterministic() -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def resolved_config(cfg: Config, vla: PretrainedVLA) -> Config:
-    """`cfg` with what the policy decides filled in: a checkpoint's architecture, the prompt budget, the env's
-    camera resolution (0: the policy pipeline's). The run logs and saves this one."""
-    env = replace(cfg.env, camera_resolution=vla.camera_resolution(cfg.env))
-    return replace(cfg, model=vla.model_config(cfg.model), env=env)
-
-
 class Trainer:
     def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = ()):
         """Checks only (nothing starts): the configuration, the Ray address, the policy against the env and the
@@ -214,7 +173,6 @@ class Trainer:
         self.step, self.version = 0, 0
         self.groups = cfg.algo.batch_size // self.world  # groups this rank rolls out per step
         self.next_specs: list[TaskSpec] | None = None
-        self.events: deque[tuple[str, float]] = deque(maxlen=64)  # (what, when): the recent reset/update overlap
         self.fleet: SimFleet | None = None
         self.stop = StopSignals()
         self.ready = False
@@ -279,7 +237,7 @@ class Trainer:
             saved = self.schedule.saves_after(self.step)
             if saved:
                 self.save()
-            if self._mean_over_ranks(float(self.stop.requested)) > 0:  # every rank stops after the same step
+            if self.mean_over_ranks(float(self.stop.requested)) > 0:  # every rank stops after the same step
                 bar.close()
                 self._stop_preempted(saved)
         bar.close()
@@ -319,13 +277,11 @@ class Trainer:
             batch = self.collect()
         if self.schedule.prefetches_after(self.step):
             self.next_specs = self.sampler.draw(self.groups)
-            self.loop.prefetch(self._episodes(self.next_specs))
-            self.events.append(("reset_sent", time.perf_counter()))
+            self.loop.prefetch(repeat_for_groups(self.next_specs, self.cfg.algo.group_size))
         with timer("make_room"):
             self.memory.for_update()
         with timer("update"):
             stats = self.update(batch)
-        self.events.append(("update_done", time.perf_counter()))
         with timer("sync"):
             report = self.sync(self.version + 1)
         self.step += 1
@@ -354,52 +310,44 @@ class Trainer:
         while len(kept) < n and rounds <= a.max_resample_rounds:
             specs = self.next_specs if rounds == 0 and self.next_specs else self.sampler.draw(n)
             self.next_specs = None
-            uids = [f"{self.rank}.{self.step}.{rounds}.{g}" for g in range(n) for _ in range(a.group_size)]
-            trajs = self.loop.run(self._episodes(specs), uids, a.temperature)
-            rewards = torch.tensor([t.reward for t in trajs])
-            keep = group_success_filter(rewards, uids, a.filter_low, a.filter_high)
-            rates.append(rewards.mean().item())
-            for g in range(n):
-                members = slice(g * a.group_size, (g + 1) * a.group_size)
-                if keep[members].all():
-                    kept.append(trajs[members])
+            uids = group_uids(f"{self.rank}.{self.step}.{rounds}", n, a.group_size)
+            trajs = self.loop.run(repeat_for_groups(specs, a.group_size), uids, a.temperature)
+            groups, rate = kept_groups(trajs, uids, a)
+            kept += groups
+            rates.append(rate)
             rounds += 1
-        return StepBatch(kept[:n], self._mean_over_ranks(rates[0]), rounds, rounds * n * a.group_size)
+        return StepBatch(kept[:n], self.mean_over_ranks(rates[0]), rounds, rounds * n * a.group_size)
 
-    def _mean_over_ranks(self, value: float) -> float:
+    def mean_over_ranks(self, value: float) -> float:
+        """`value`'s mean over the ranks (every rank must call it equally often: it is a collective)."""
         if self.world == 1:
             return value
         t = torch.tensor([value], dtype=torch.float64, device=self.actor.device)  # NCCL reduces device tensors only
         dist.all_reduce(t)
         return t.item() / self.world
 
-    def _episodes(self, specs: list[TaskSpec]) -> list[TaskSpec]:
-        return [spec for spec in specs for _ in range(self.cfg.algo.group_size)]
-
     # ---- update -----------------------------------------------------------------------------------------------------
     def update(self, batch: StepBatch) -> dict[str, float]:
-        """GRPO advantages per group, then `mini_batches` optimizer steps (`_mini_batches` says how samples are
+        """GRPO advantages per group, then `mini_batches` optimizer steps (`batches.plan_update` says how samples are
         grouped). With `algo.old_logprobs=recompute` the old log-probs are the actor's before the update: the first
         mini-batch's read off its own forward (`algo.old_logprobs_from_update`) or recomputed like the others', which
         are recomputed first (every rank the same passes)."""
         a = self.cfg.algo
         # every rank must run the same number of forward/backward passes (ZeRO-3 gathers are collectives)
-        if self._mean_over_ranks(float(bool(batch.groups))) < 1.0:
+        if self.mean_over_ranks(float(bool(batch.groups))) < 1.0:
             return {"skipped_update": 1.0}
-        trajs = [t for group in batch.groups for t in group]
-        adv = group_advantages(torch.tensor([t.reward for t in trajs]), [t.uid for t in trajs])
-        minis = [self._loss_plan(mini, trajs, adv) for mini in self._mini_batches(trajs)]
+        minis = plan_update(batch.groups, a, self.cfg.model, self.mean_over_ranks)
         recompute = a.old_logprobs == "recompute"
         from_forward = recompute and a.old_logprobs_from_update
         started = time.perf_counter()
         if recompute:
-            self._recompute_old_logprobs(minis[1:] if from_forward else minis)
+            for mb in minis[1:] if from_forward else minis:
+                mb.recompute_old(self.actor.logprobs, self.processor, a.tis_cap)
         recompute_s = time.perf_counter() - started
         totals: dict[str, float] = {}
         first_mismatch: dict[str, float] = {}
         for index, mb in enumerate(minis):
-            result = self.actor.update([self._micro_batch(mb, part) for part in mb.parts],
-                                       old_from_forward=from_forward and index == 0)
+            result = self.actor.update(mb.micro_batches(self.processor), old_from_forward=from_forward and index == 0)
             if result.forward_logprobs:
                 mb.old = torch.cat(result.forward_logprobs)
             for key, value in result.metrics.items():
@@ -407,71 +355,10 @@ class Trainer:
                     first_mismatch.setdefault(key, value)
                 else:
                     totals[key] = totals.get(key, 0.0) + value / len(minis)
-        totals.update(self._mismatch(minis) if recompute else first_mismatch)
-        totals["samples"] = float(sum(len(t) for t in trajs))
+        totals.update(step_mismatch(minis, a) if recompute else first_mismatch)
+        totals["samples"] = float(sum(len(mb.samples) for mb in minis))
         totals["recompute_s"] = recompute_s
         return totals
-
-    def _mini_batches(self, trajs: list[Trajectory]) -> list[list[tuple[int, int]]]:
-        """(episode, chunk step) pairs of each mini-batch, shuffled: token_mean splits the shuffled chunk steps of
-        the whole batch; trajectory_mean splits shuffled episodes, so a mini-batch holds whole episodes."""
-        a = self.cfg.algo
-        steps = [(e, k) for e, traj in enumerate(trajs) for k in range(len(traj))]
-        if a.loss_agg == "token_mean":
-            order = torch.randperm(len(steps)).tolist()
-            return [[steps[j] for j in part] for part in np.array_split(np.array(order), a.mini_batches)]
-        minis = []
-        for part in np.array_split(np.array(torch.randperm(len(trajs)).tolist()), a.mini_batches):
-            mine = [(e, k) for e in part.tolist() for k in range(len(trajs[e]))]
-            minis.append([mine[j] for j in torch.randperm(len(mine)).tolist()])
-        return minis
-
-    def _loss_plan(self, mini: list[tuple[int, int]], trajs: list[Trajectory], adv: torch.Tensor) -> MiniBatch:
-        """One mini-batch's rows with their token mask, loss weights, old log-probs (the rollout's) and
-        micro-batch split."""
-        a, m = self.cfg.algo, self.cfg.model
-        rows = [(trajs[e], k, adv[e].item(), e) for e, k in mini]
-        mask = executed_action_mask(torch.tensor([t.executed[k] for t, k, _, _ in rows]), m.chunk_len, m.action_dim)
-        episodes = torch.tensor([e for *_, e in rows])
-        weights = token_weights(mask, episodes, a.loss_agg, self._normaliser(mask, episodes)).float()
-        rollout = torch.from_numpy(np.stack([t.logprobs[k] for t, k, _, _ in rows]))
-        return MiniBatch(rows, mask, weights, rollout, rollout, np.array_split(np.arange(len(rows)), a.micro_batches))
-
-    def _normaliser(self, mask: torch.Tensor, episodes: torch.Tensor) -> float:
-        """The loss normaliser of this mini-batch over every rank's share of it (`algo.loss_normaliser`), divided by
-        the ranks DeepSpeed averages gradients over: each episode weighs what it would on one rank."""
-        local = loss_normaliser(mask, episodes, self.cfg.algo.loss_agg)
-        return self._mean_over_ranks(local)
-
-    def _recompute_old_logprobs(self, minis: list[MiniBatch]) -> None:
-        """The actor's own log-probs, before any optimizer step, on exactly the rollout's inputs become the old
-        log-probs (SimpleVLA-RL's way); with `algo.tis_cap` the loss weights also get the truncated importance
-        weights."""
-        a = self.cfg.algo
-        for mb in minis:
-            mb.old = torch.cat([self.actor.logprobs(*self._inputs_and_tokens([mb.rows[j] for j in part]))
-                                for part in mb.parts])
-            if a.tis_cap > 0:
-                mb.weights = mb.weights * truncated_is_weights(mb.old, mb.rollout, a.tis_cap)
-
-    def _mismatch(self, minis: list[MiniBatch]) -> dict[str, float]:
-        """The rollout <-> actor log-prob mismatch over every valid token of the step (old log-probs recomputed)."""
-        a = self.cfg.algo
-        stats = logprob_mismatch(torch.cat([mb.old for mb in minis]), torch.cat([mb.rollout for mb in minis]),
-                                 torch.cat([mb.mask for mb in minis]), a.clip_low, a.clip_high)
-        return {f"mismatch_{k}": v for k, v in stats.items()}
-
-    def _inputs_and_tokens(self, rows: list[tuple[Trajectory, int, float, int]]) -> tuple[PolicyInputs, torch.Tensor]:
-        images = np.stack([t.images[k] for t, k, _, _ in rows])
-        proprio = np.stack([t.proprio[k] for t, k, _, _ in rows])
-        # on the host: an update builds all its micro-batches before the first runs, and each moves when it runs
-        inputs: PolicyInputs = self.processor.from_prepared(images, [t.instruction for t, *_ in rows], proprio)
-        return inputs, torch.from_numpy(np.stack([t.tokens[k] for t, k, _, _ in rows]))
-
-    def _micro_batch(self, mb: MiniBatch, part: np.ndarray) -> MicroBatch:
-        inputs, tokens = self._inputs_and_tokens([mb.rows[j] for j in part])
-        advantages = torch.tensor([mb.rows[j][2] for j in part], dtype=torch.float32)
-        return MicroBatch(inputs, tokens, mb.old[part], advantages, mb.mask[part], mb.weights[part])
 
     def sync(self, version: int) -> SyncReport:
         """Actor -> engine in buckets; every rank's engine must hold the actor's exact weights (checksum logged).
@@ -490,9 +377,8 @@ class Trainer:
 
     # ---- evaluation -------------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        specs = self.sampler.eval_specs()[self.rank :: self.world]  # each rank plays its share
-        uids = [f"eval.{self.rank}.{i}" for i in range(len(specs))]
-        trajs = self.loop.run(specs, uids, self.cfg.algo.temperature, greedy=True)
+        specs = eval_specs(self.cfg.env)[self.rank :: self.world]  # each rank plays its share
+        trajs = play_eval(self.loop, specs, self.cfg.algo.temperature, f"eval.{self.rank}.")
         if self.world > 1:
             parts: list = [None] * self.world
             dist.all_gather_object(parts, [(t.task, t.success) for t in trajs])
@@ -526,7 +412,7 @@ class Trainer:
         state = state or self.resume_state()  # `state`: one taken earlier, with the weights of the same step
         folder = os.path.join(root, partial)
         problem = checkpoint.space_problem(self.run_dir, self.actor.policy) if self.rank == 0 else ""
-        if self._mean_over_ranks(float(bool(problem))) > 0:  # every rank stops before the first collective
+        if self.mean_over_ranks(float(bool(problem))) > 0:  # every rank stops before the first collective
             raise checkpoint.CheckpointWriteError(problem or "rank 0 cannot write the checkpoint (its error says why)")
         try:
             with self.memory.optimizer_on_device():
@@ -563,7 +449,7 @@ class Trainer:
         checkpoint.set_rng_state(state["rng"])
         self.next_specs = state.get("next_specs")
         if self.next_specs:
-            self.loop.prefetch(self._episodes(self.next_specs))
+            self.loop.prefetch(repeat_for_groups(self.next_specs, self.cfg.algo.group_size))
 
     def close(self) -> None:
         self.stop.uninstall()

@@ -9,12 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import read_scalars
+from conftest import TINY_MODEL, read_scalars
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
-    "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.vision_dim=32",
-    "model.num_heads=2", "algo.batch_size=1", "algo.group_size=2", "algo.mini_batches=1", "algo.micro_batches=1",
+    *TINY_MODEL, "algo.batch_size=1", "algo.group_size=2", "algo.mini_batches=1", "algo.micro_batches=1",
     "algo.max_resample_rounds=0", "algo.filter_low=0", "algo.filter_high=1", "env.num_tasks=1",
     "env.num_eval_init_states=1", "env.max_steps=16", "env.num_workers=1", "env.sims_per_worker=2",
     "env.eval_videos_per_task=1", "progress=false",

@@ -125,7 +125,7 @@ def test_loads_into_zero3_shards(tmp_path):
     """Under `deepspeed.zero.Init` (how the actor builds it) the checkpoint lands in the gathered parameters."""
     import deepspeed
 
-    from vla_scale.actor import init_distributed
+    from vla_scale.run_setup import init_distributed
 
     init_distributed()
     torch.manual_seed(0)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from vla_scale.actor import Actor, MicroBatch, init_distributed
+from vla_scale.actor import Actor
+from vla_scale.batches import MicroBatch
 from vla_scale.config import AlgoConfig, ConfigError, DeepSpeedConfig, EnvConfig, LoraConfig, ModelConfig, validate
 from vla_scale.envs.reach import instructions
 from vla_scale.models import PretrainedVLA, Processor, WordTokenizer, build_policy
@@ -22,6 +23,7 @@ from vla_scale.models.lora import (
     write_adapters,
 )
 from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.run_setup import init_distributed
 from vla_scale.sync.checksum import weights_checksum
 from vla_scale.sync.weight_sync import gathered_buckets, sync_weights
 

@@ -28,7 +28,8 @@ def _trainer(rank: int, trainer_port: int, update_port: int, out: mp.Queue) -> N
                       MASTER_PORT=str(trainer_port))
     import deepspeed
 
-    from vla_scale.actor import Actor, init_distributed
+    from vla_scale.actor import Actor
+    from vla_scale.run_setup import init_distributed
     from vla_scale.sync.checksum import weights_checksum
     from vla_scale.sync.update_group import UpdateGroup, broadcast_sync
     from vla_scale.sync.weight_sync import gathered_buckets

@@ -5,11 +5,12 @@ from itertools import pairwise
 import pytest
 import torch
 
-from vla_scale.actor import Actor, init_distributed
+from vla_scale.actor import Actor
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import WordTokenizer, build_policy
 from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.run_setup import init_distributed
 from vla_scale.sync.checksum import weights_checksum
 from vla_scale.sync.weight_sync import _end_to_end, gathered_buckets, sync_weights
 

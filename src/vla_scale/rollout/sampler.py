@@ -10,6 +10,11 @@ from vla_scale.config import EnvConfig, init_state_ids
 from vla_scale.envs.types import TaskSpec
 
 
+def eval_specs(env: EnvConfig) -> list[TaskSpec]:
+    """Every task on every held-out init state (see config.init_state_ids for the split): what an evaluation plays."""
+    return [TaskSpec(env.suite, task, s) for task in range(env.num_tasks) for s in init_state_ids(env, "eval")]
+
+
 class TaskSampler:
     """Draws (task, train init state) specs; its state is saved in checkpoints so a resumed run draws the same."""
 
@@ -17,7 +22,6 @@ class TaskSampler:
         self.env = env
         self.rng = np.random.default_rng(seed)
         self.train_ids = init_state_ids(env, "train")
-        self.eval_ids = init_state_ids(env, "eval")
 
     def draw(self, n: int) -> list[TaskSpec]:
         tasks = self.rng.integers(0, self.env.num_tasks, size=n)
@@ -25,8 +29,7 @@ class TaskSampler:
         return [TaskSpec(self.env.suite, int(t), self.train_ids[s]) for t, s in zip(tasks, states, strict=True)]
 
     def eval_specs(self) -> list[TaskSpec]:
-        """Every task on every held-out init state (see config.init_state_ids for the split)."""
-        return [TaskSpec(self.env.suite, task, s) for task in range(self.env.num_tasks) for s in self.eval_ids]
+        return eval_specs(self.env)
 
     def state_dict(self) -> dict[str, Any]:
         return {"bit_generator": self.rng.bit_generator.state}

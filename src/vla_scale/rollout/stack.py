@@ -1,13 +1,22 @@
 """The rollout side of a run, built in one place for the trainer and `launch/eval.py`: Ray joined or started from
-the parallel config, one process's simulator fleet for an env config, and the episode length in chunks its env
-loop plays."""
+the parallel config, one process's simulator fleet for an env config, the episode length in chunks its env loop
+plays, and the evaluation episodes played on that loop."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import numpy as np
+
 from vla_scale.config import EnvConfig, ParallelConfig
+from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
+from vla_scale.rollout.env_loop import EnvLoop, Trajectory
 from vla_scale.sim.cluster import sim_node_count, start_ray
 from vla_scale.sim.fleet import SimFleet
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 
 def start_ray_for(parallel: ParallelConfig) -> None:
@@ -48,3 +57,19 @@ def episode_steps(env: EnvConfig) -> int:
     if limits is None:
         raise ValueError(f"env.max_steps=0 but env {env.name!r} has no step limit per task")
     return max(limits[: env.num_tasks])
+
+
+def play_eval(loop: EnvLoop, specs: list[TaskSpec], temperature: float, uid_prefix: str,
+              bar: tqdm | None = None) -> list[Trajectory]:
+    """Each of `specs` played once with greedy decoding (uids `<uid_prefix><index>`), one round of the fleet's slots
+    at a time; `bar`, when given, counts the episodes and shows the success rate so far. What the trainer's
+    evaluation and launch/eval.py play."""
+    trajs: list[Trajectory] = []
+    size = loop.fleet.size
+    for start in range(0, len(specs), size):
+        part = specs[start : start + size]
+        trajs += loop.run(part, [f"{uid_prefix}{start + i}" for i in range(len(part))], temperature, greedy=True)
+        if bar is not None:
+            bar.update(len(part))
+            bar.set_postfix(success=f"{np.mean([t.success for t in trajs]):.2f}")
+    return trajs

@@ -1,0 +1,222 @@
+"""The configuration's checks: `validate()` raises one `ConfigError` listing every problem with the keys involved
+and a suggested fix, before any compute is spent: every numeric key's range (`BOUNDS`, `UPPER`), the names
+(`CHOICES`, and the modules that define the others), the arithmetic between groups and each simulator's start-up
+checks (`EnvConfig.startup_problems`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from vla_scale.config.schema import LORA_ALL_LINEAR, LORA_TARGETS, Config, ConfigError, EnvConfig, LoraConfig
+
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "algo.name": ("grpo",),
+    "model.attention": ("bidirectional", "causal"),
+    "env.eval_protocol": ("held_out", "published"),
+    "model.image_resize": ("bicubic", "jpeg_lanczos3"),
+    "deepspeed.zero_stage": (0, 1, 2, 3),
+    "env.rollout.precision": ("bf16", "fp8"),
+}
+"""Keys whose value must be one of a few names (the loss options, the LIBERO scene modes and env.name/env.suite are
+checked against the modules that define them)."""
+
+AT_LEAST_1, AT_LEAST_2, AT_LEAST_0 = (">= 1", 1, True), (">= 2", 2, True), (">= 0", 0, True)
+POSITIVE = ("> 0", 0, False)
+
+BOUNDS: dict[str, tuple[str, float, bool]] = {
+    **{f"model.{k}": AT_LEAST_1 for k in ("image_size", "patch_size", "vision_dim", "vision_layers", "hidden_size",
+                                         "num_layers", "num_heads", "intermediate_size", "chunk_len", "action_dim",
+                                         "proprio_dim", "pad_to_multiple_of")},
+    "model.n_bins": AT_LEAST_2,
+    **{f"model.{k}": AT_LEAST_0 for k in ("ordinal_bin_init", "max_text_len", "vocab_size", "num_images",
+                                         "lora.rank")},
+    "model.lora.alpha": POSITIVE,
+    "env.rollout.pipeline_stage_num": AT_LEAST_1,
+    "env.disagg_sim.nnodes": AT_LEAST_1,
+    **{f"env.{k}": AT_LEAST_1 for k in ("num_tasks", "num_eval_init_states", "num_workers", "sims_per_worker",
+                                       "max_failures")},
+    **{f"env.{k}": AT_LEAST_0 for k in ("num_train_init_states", "camera_resolution", "eval_videos_per_task",
+                                       "max_steps",
+                                       "reach.physics_substeps", "libero.settle_steps", "libero.texture_max_side")},
+    "env.reach.max_delta": POSITIVE,
+    "env.step_timeout_s": POSITIVE,
+    **{f"algo.{k}": AT_LEAST_1 for k in ("batch_size", "mini_batches", "micro_batches")},
+    "algo.group_size": AT_LEAST_2,
+    **{f"algo.{k}": POSITIVE for k in ("temperature", "clip_low", "clip_high", "lr")},
+    **{f"algo.{k}": AT_LEAST_0 for k in ("filter_low", "filter_high", "max_resample_rounds", "weight_decay",
+                                        "grad_clip", "tis_cap")},
+    "parallel.ray_num_cpus": AT_LEAST_0,
+    "deepspeed.param_persistence_threshold": AT_LEAST_0,
+    **{f"deepspeed.{k}": AT_LEAST_1 for k in ("prefetch_bucket_size", "max_live_parameters", "sync_bucket_mb",
+                                             "sync_verify_every", "sub_group_size")},
+    **{k: AT_LEAST_1 for k in ("steps", "eval_every")},
+    **{k: AT_LEAST_0 for k in ("seed", "save_every")},
+}
+"""Every numeric key's range: (phrase, limit, limit allowed). A size or count that reaches a buffer, a division or a
+split is >= 1 wherever zero has no meaning; a test keeps every int and float field listed here."""
+
+UPPER: dict[str, tuple[float, bool]] = {"algo.clip_low": (1.0, False), "algo.filter_low": (1.0, True),
+                                         "algo.filter_high": (1.0, True)}
+"""Keys that must also stay below a limit: (limit, limit allowed); a clip_low of 1 would make the ratio floor 0."""
+
+
+def value_at(cfg: Any, key: str) -> Any:
+    """`cfg`'s value under a dotted key (`env.rollout.pipeline_stage_num`)."""
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def range_problems(cfg: Config) -> dict[str, str]:
+    """{key: what is wrong and the fix} for every value outside its range (BOUNDS, UPPER) or its names (CHOICES)."""
+    problems: dict[str, str] = {}
+    for key, (phrase, limit, inclusive) in BOUNDS.items():
+        value = value_at(cfg, key)
+        if value < limit or (value == limit and not inclusive):
+            problems[key] = f"{key}={value} must be {phrase}"
+    for key, (top, inclusive) in UPPER.items():
+        value = value_at(cfg, key)
+        if value > top or (value == top and not inclusive):
+            problems[key] = f"{key}={value} must be {'<=' if inclusive else '<'} {top}"
+    for key, names in CHOICES.items():
+        if value_at(cfg, key) not in names:
+            problems[key] = f"{key}={value_at(cfg, key)!r}: choose one of {list(names)}"
+    return problems
+
+
+def _divisors(n: int, limit: int = 64) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def validate(cfg: Config, world_size: int = 1) -> Config:
+    """Check the arithmetic and the names; raise one ConfigError listing every problem and its fix."""
+    from vla_scale.envs.registry import ENVS, SUITES, suite_num_tasks, task_step_limits
+
+    out_of_range = range_problems(cfg)
+    problems = list(out_of_range.values())
+
+    def sound(*keys: str) -> bool:  # the arithmetic below divides by these values
+        return not out_of_range.keys() & set(keys)
+
+    m, e, a = cfg.model, cfg.env, cfg.algo
+    if e.name not in ENVS:
+        problems.append(f"env.name={e.name!r} is not a known simulator; choose one of {sorted(ENVS)}")
+    elif e.suite not in SUITES.get(e.name, ()):
+        problems.append(f"env.suite={e.suite!r} is not a suite of env {e.name!r}; choose one of {SUITES[e.name]}")
+    elif e.max_steps == 0 and task_step_limits(e.name, e.suite) is None:
+        problems.append(f"env.max_steps=0 must be >= 1: env {e.name!r} has no step limit per task (0 gives each "
+                        "LIBERO task its own suite's)")
+    if sound("model.patch_size") and m.image_size % m.patch_size:
+        problems.append(f"model.image_size={m.image_size} is not a multiple of model.patch_size={m.patch_size}")
+    if sound("model.num_heads") and (m.hidden_size % m.num_heads or m.vision_dim % m.num_heads):
+        problems.append(
+            f"model.hidden_size={m.hidden_size} and model.vision_dim={m.vision_dim} must be multiples of "
+            f"model.num_heads={m.num_heads}"
+        )
+    problems += lora_problems(m.lora)
+    if e.disagg_sim.enable and not cfg.parallel.ray_address:
+        problems.append("env.disagg_sim.enable=true places simulators on the simulation nodes of a Ray cluster, but "
+                        "parallel.ray_address is empty (a local Ray has no simulation node): start the cluster "
+                        "(README, Pipelined and disaggregated rollouts) and pass parallel.ray_address=<head>:6379 "
+                        "or auto")
+    if a.batch_size % world_size:
+        problems.append(
+            f"algo.batch_size={a.batch_size} must divide over the {world_size} ranks (whole groups per rank)"
+        )
+    from vla_scale.algo.grpo import LOSS_AGGREGATIONS, OLD_LOGPROBS
+
+    if a.old_logprobs not in OLD_LOGPROBS:
+        problems.append(f"algo.old_logprobs={a.old_logprobs!r}: choose one of {OLD_LOGPROBS}")
+    if a.tis_cap > 0 and a.old_logprobs != "recompute":
+        problems.append(f"algo.tis_cap={a.tis_cap} needs algo.old_logprobs=recompute (0 turns it off)")
+    if e.rollout.precision == "fp8" and a.old_logprobs != "recompute":
+        problems.append("env.rollout.precision=fp8 samples from the FP8 engine, whose log-probs are not the actor's: "
+                        "set algo.old_logprobs=recompute (and algo.tis_cap, e.g. 2.0, to weigh each token by the gap)")
+    if a.loss_agg not in LOSS_AGGREGATIONS:
+        problems.append(f"algo.loss_agg={a.loss_agg!r} is not a loss aggregation; choose one of {LOSS_AGGREGATIONS}")
+    if not 0.0 <= a.filter_low <= a.filter_high <= 1.0:
+        problems.append(f"need 0 <= algo.filter_low ({a.filter_low}) <= algo.filter_high ({a.filter_high}) <= 1")
+    episodes = a.batch_size * a.group_size
+    stages = e.rollout.pipeline_stage_num
+    slots = world_size * e.num_workers * e.sims_per_worker * stages
+    if sound("env.num_workers", "env.sims_per_worker", "env.rollout.pipeline_stage_num") and episodes % slots:
+        good = [d for d in _divisors(episodes) if d % world_size == 0]
+        problems.append(
+            f"episodes per step algo.batch_size*algo.group_size = {a.batch_size}*{a.group_size} = {episodes} must "
+            f"divide over ranks*env.num_workers*env.sims_per_worker*env.rollout.pipeline_stage_num = {world_size}*"
+            f"{e.num_workers}*{e.sims_per_worker}*{stages} = {slots}; make that product one of {good}, "
+            "or change the batch"
+        )
+    filtering = a.filter_low > 0 or a.filter_high < 1  # else every group is kept
+    fewest = a.group_size if filtering else episodes // world_size
+    if a.mini_batches * a.micro_batches > fewest:
+        problems.append(
+            f"algo.mini_batches*algo.micro_batches = {a.mini_batches}*{a.micro_batches} exceeds {fewest}, the fewest "
+            + ("episodes an update can get (one group kept by algo.filter_low/filter_high)" if filtering else
+               "episodes a rank updates on") + "; lower them"
+        )
+    env_cls = ENVS.get(e.name)
+    suite_tasks = suite_num_tasks(e.name, e.suite) if e.suite in SUITES.get(e.name, ()) else None
+    if suite_tasks is not None and not 1 <= e.num_tasks <= suite_tasks:
+        problems.append(f"env.num_tasks={e.num_tasks} but suite {e.suite!r} has {suite_tasks} tasks; "
+                        f"use 1..{suite_tasks}")
+    if env_cls is not None and e.num_train_init_states + e.num_eval_init_states > env_cls.NUM_INIT_STATES:
+        problems.append(
+            f"env.num_train_init_states + env.num_eval_init_states = {e.num_train_init_states} + "
+            f"{e.num_eval_init_states} exceeds the {env_cls.NUM_INIT_STATES} init states per task; lower them"
+        )
+    if e.num_train_init_states < 1 and not e.train_on_eval_states:
+        problems.append("env.num_train_init_states=0 leaves nothing to train on: set it >= 1, or "
+                        "env.train_on_eval_states=true")
+    problems += published_protocol_problems(e)
+    if e.name in ENVS:
+        problems += e.startup_problems()
+    ds = cfg.deepspeed
+    for key in ("offload_param", "leaf_modules", "stream_optimizer_states"):
+        if getattr(ds, key) and ds.zero_stage != 3:
+            problems.append(f"deepspeed.{key}=true needs deepspeed.zero_stage=3 (got {ds.zero_stage})")
+    if ds.offload_states_during_rollout and (ds.zero_stage != 3 or ds.offload_optimizer or ds.offload_param):
+        problems.append("deepspeed.offload_states_during_rollout=true needs deepspeed.zero_stage=3 with "
+                        "offload_optimizer=false and offload_param=false (states already on the CPU cannot move)")
+    if ds.stream_optimizer_states and ds.offload_optimizer:
+        problems.append("deepspeed.stream_optimizer_states=true steps on the GPU: it needs "
+                        "deepspeed.offload_optimizer=false (that one steps on the CPU)")
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    return cfg
+
+
+def published_protocol_problems(env: EnvConfig) -> list[str]:
+    """What keeps env.eval_protocol=published from being the published protocol: another simulator than LIBERO's,
+    another step limit than the suite's."""
+    if env.eval_protocol != "published":
+        return []
+    if env.name != "libero":
+        return [f"env.eval_protocol=published is LIBERO's published protocol; env={env.name} has none (use held_out)"]
+    from vla_scale.envs.libero import OFT_MAX_STEPS, UNIFIED_SUITES
+
+    if env.suite in UNIFIED_SUITES and env.max_steps != 0:
+        return [f"env.eval_protocol=published plays each {env.suite} task with its own suite's step limit, but "
+                f"env.max_steps={env.max_steps}: set env.max_steps=0 (or use env.eval_protocol=held_out)"]
+    limit = OFT_MAX_STEPS.get(env.suite)
+    if limit is not None and env.max_steps not in (0, limit):
+        return [f"env.eval_protocol=published plays {env.suite}'s step limit {limit}, but env.max_steps="
+                f"{env.max_steps}: drop the env.max_steps override (or use env.eval_protocol=held_out)"]
+    return []
+
+
+def lora_problems(lora: LoraConfig) -> list[str]:
+    """`model.lora.*` settings that cannot work, one line each."""
+    problems = []
+    unknown = [name for name in lora.target_modules if name not in (LORA_ALL_LINEAR, *LORA_TARGETS)]
+    if unknown:
+        problems.append(f"model.lora.target_modules: {unknown} are not linear layers of the policy; choose from "
+                        f"{[LORA_ALL_LINEAR, *LORA_TARGETS]}")
+    if lora.rank > 0 and not lora.target_modules:
+        problems.append(f"model.lora.rank={lora.rank} but model.lora.target_modules is empty: name the layers")
+    if lora.path and not os.path.isfile(os.path.join(lora.path, "adapter_config.json")):
+        problems.append(f"model.lora.path={lora.path!r} has no adapter_config.json: point it at an adapter folder "
+                        "(PEFT layout: adapter_config.json, adapter_model.safetensors)")
+    return problems
