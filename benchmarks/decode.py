@@ -91,10 +91,11 @@ def median_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> floa
     return statistics.median(times)
 
 
-def matmul_rate(m: int, n: int, k: int, repeats: int = 20) -> float:
-    """bf16 FLOP/s of one [m, k] x [k, n] product on random data (median)."""
-    a = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
-    b = torch.randn(k, n, device=DEVICE, dtype=torch.bfloat16)
+def matmul_rate(m: int, n: int, k: int, repeats: int = 20, dtype: torch.dtype = torch.bfloat16) -> float:
+    """FLOP/s of one [m, k] x [k, n] product on random data (median after 3 warm-ups): the rate every benchmark
+    measures its floor or MFU against."""
+    a = torch.randn(m, k, device=DEVICE, dtype=dtype)
+    b = torch.randn(k, n, device=DEVICE, dtype=dtype)
     return 2 * m * n * k / median_seconds(lambda: a @ b, repeats, warmup=3)
 
 

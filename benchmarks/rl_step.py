@@ -74,7 +74,7 @@ from vla_scale.trainer import ColocatedMemory  # noqa: E402
 ANCHOR_MICRO_BATCH = 8  # observations per decode
 ANCHOR_UPDATE_MICRO_BATCH = 16  # samples per update micro-batch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode import set_attention  # noqa: E402
+from decode import matmul_rate, set_attention  # noqa: E402
 
 
 def parse() -> argparse.Namespace:
@@ -254,21 +254,6 @@ def forward_flops(trainer, batch_rows: int = 8) -> float:
     with FlopCounterMode(display=False) as counter:
         trainer.actor.logprobs(inputs, tokens)
     return counter.get_total_flops() / len(samples)
-
-
-def matmul_rate(device: torch.device) -> float:
-    size, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (512, torch.float32)
-    a = torch.randn(size, size, dtype=dtype, device=device)
-    times = []
-    for _ in range(12):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        a @ a
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / float(np.median(times[2:]))
 
 
 def peak_gib(device: torch.device) -> float:
@@ -480,7 +465,8 @@ def main() -> None:
     setup_s = time.perf_counter() - t0
     warm_s = warm_up(trainer, cfg)
     device = trainer.actor.device
-    rate = matmul_rate(device)
+    size, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (512, torch.float32)
+    rate = matmul_rate(size, size, size, dtype=dtype)
     procs = trainer.fleet.num_procs
     print(f"rl_step setup {setup_s:.1f}s: model={cfg.model.name} device={device} episodes/step="
           f"{cfg.algo.batch_size * cfg.algo.group_size} max_steps={cfg.env.max_steps} sim procs={procs} "

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +45,9 @@ from vla_scale.models import PretrainedVLA
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_setup import init_distributed
 from vla_scale.sync.weight_sync import gathered_buckets, sync_weights
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode import matmul_rate  # noqa: E402
 
 TEXTS = ["pick up the black bowl and place it on the plate", "open the top drawer", "put the cream cheese in the bowl"]
 H200_BF16_DENSE = 989e12
@@ -239,12 +243,6 @@ def micro_batch(cfg: ModelConfig, vla: PretrainedVLA, batch: int, seed: int):
                       mask, mask.float() / mask.numel())
 
 
-def matmul_rate(device: torch.device) -> float:
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
-    seconds = timed(lambda: a @ a, device, 10)
-    return 2 * 8192**3 / seconds
-
-
 def mfu(actor: Actor, engine: RolloutEngine, cfg: ModelConfig, vla: PretrainedVLA, batch: int) -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -258,7 +256,7 @@ def mfu(actor: Actor, engine: RolloutEngine, cfg: ModelConfig, vla: PretrainedVL
         torch.cuda.reset_peak_memory_stats()
     seconds = timed(lambda: actor.update([mb]), engine.device, 3)
     peak = torch.cuda.max_memory_allocated() / 2**30 if engine.device.type == "cuda" else allocated_gib(engine.device)
-    rate = matmul_rate(engine.device)
+    rate = matmul_rate(8192, 8192, 8192)
     say(f"{'update B/rank':>13} {'seconds':>8} {'TFLOP/rank':>10} {'MFU (989)':>10} {'MFU (matmul)':>12} "
         f"{'matmul TFLOP/s':>14} {'peak GiB':>8}")
     say(f"{batch:>13} {seconds:>8.3f} {flops / 1e12:>10.1f} {flops / seconds / H200_BF16_DENSE:>10.1%} "
