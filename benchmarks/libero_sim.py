@@ -19,7 +19,7 @@ import numpy as np
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 from vla_scale.envs.types import TaskSpec  # noqa: E402
-from vla_scale.sim.process import SimProcess  # noqa: E402
+from vla_scale.parallel.sim.process import SimProcess  # noqa: E402
 
 CHUNK = 8
 

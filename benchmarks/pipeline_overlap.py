@@ -35,10 +35,10 @@ from vla_scale.config import ModelConfig  # noqa: E402
 from vla_scale.envs.reach import instructions  # noqa: E402
 from vla_scale.envs.types import TaskSpec  # noqa: E402
 from vla_scale.models import PretrainedVLA  # noqa: E402
+from vla_scale.parallel.sim.cluster import start_ray  # noqa: E402
+from vla_scale.parallel.sim.fleet import LocalWorkers, SimFleet  # noqa: E402
 from vla_scale.rollout.engine import RolloutEngine  # noqa: E402
 from vla_scale.rollout.env_loop import EnvLoop  # noqa: E402
-from vla_scale.sim.cluster import start_ray  # noqa: E402
-from vla_scale.sim.fleet import LocalWorkers, SimFleet  # noqa: E402
 
 DECODE_CORE, SIM_CORE = 0, 1
 EVERY_CORE = os.sched_getaffinity(0)

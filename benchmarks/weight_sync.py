@@ -7,7 +7,7 @@ floor, colocated memory, and (on GPUs) the actor's training-step MFU.
 
 Random weights. Every rank holds a ZeRO-3 shard of the actor (built under `zero.Init`) and a full rollout engine on
 its own device; one sync gathers the actor's parameters bucket by bucket (collectives over all ranks), copies each
-bucket into the engine and proves the result by checksums (`sync/weight_sync.py`). Printed by rank 0:
+bucket into the engine and proves the result by checksums (`parallel/sync/weight_sync.py`). Printed by rank 0:
 
 1. the floor: all-gather bandwidth and device copy bandwidth measured here, and the time to all-gather every
    parameter once and copy it into the engine at those rates;
@@ -38,13 +38,13 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from vla_scale.actor import Actor
 from vla_scale.batches import MicroBatch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.models import PretrainedVLA
+from vla_scale.parallel.actor import Actor
+from vla_scale.parallel.sync.weight_sync import gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_setup import init_distributed
-from vla_scale.sync.weight_sync import gathered_buckets, sync_weights
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode import matmul_rate  # noqa: E402
@@ -171,7 +171,7 @@ def gather_check(actor: Actor, bucket_mb: int) -> None:
     """Our gathers against DeepSpeed's own (`GatheredParameters`, a few parameters at a time): same checksum?"""
     import deepspeed
 
-    from vla_scale.sync.checksum import Fingerprints
+    from vla_scale.parallel.sync.checksum import Fingerprints
 
     ours, theirs = Fingerprints(), Fingerprints()
     for bucket in gathered_buckets(actor.policy, bucket_mb):
@@ -196,8 +196,8 @@ def allocated_gib(device: torch.device) -> float:
 
 def verify_parts(engine: RolloutEngine, bucket_mb: int) -> None:
     """Where a sync's verification goes: the bit comparison and the fingerprints, each over the whole model."""
-    from vla_scale.sync.checksum import fingerprints
-    from vla_scale.sync.weight_sync import _bucket_plan, _compare
+    from vla_scale.parallel.sync.checksum import fingerprints
+    from vla_scale.parallel.sync.weight_sync import _bucket_plan, _compare
 
     named = dict(engine.policy.named_parameters())
     chunks = _bucket_plan(engine.policy, bucket_mb)  # compared with themselves by bucket: the reads of a real check

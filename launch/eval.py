@@ -146,7 +146,7 @@ def main(dict_cfg: DictConfig) -> float:
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
     try:
         validate(cfg)
-        from vla_scale.sim.cluster import ray_address_problem
+        from vla_scale.parallel.sim.cluster import ray_address_problem
 
         unreachable = ray_address_problem(cfg.parallel.ray_address)
         if unreachable:

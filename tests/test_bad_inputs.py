@@ -58,7 +58,7 @@ CONFIG_CASES = [  # one command per class; each phrase must appear in the error
 
 
 def test_a_ray_address_must_be_host_and_port():
-    from vla_scale.sim.cluster import ray_address_problem
+    from vla_scale.parallel.sim.cluster import ray_address_problem
 
     assert "is not host:port" in ray_address_problem("headnode")
     assert ray_address_problem("") is None and ray_address_problem("auto") is None

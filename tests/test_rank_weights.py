@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     import torch
     from hydra import compose, initialize_config_dir
-    from vla_scale.actor import Actor
+    from vla_scale.parallel.actor import Actor
     from vla_scale.config import register_configs, to_config
     from vla_scale.envs.types import TaskSpec
     from vla_scale.rollout.env_loop import Trajectory

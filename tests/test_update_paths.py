@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from vla_scale.actor import Actor
 from vla_scale.algo import truncated_is_weights
 from vla_scale.batches import MicroBatch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer, build_policy
+from vla_scale.parallel.actor import Actor
+from vla_scale.parallel.sync.checksum import weights_checksum
+from vla_scale.parallel.sync.weight_sync import gathered_buckets
 from vla_scale.run_setup import init_distributed
-from vla_scale.sync.checksum import weights_checksum
-from vla_scale.sync.weight_sync import gathered_buckets
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=2, num_heads=2,
                   intermediate_size=64, chunk_len=4)

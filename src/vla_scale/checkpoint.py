@@ -23,7 +23,7 @@ import torch
 
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models.checkpoint_io import LATEST, RUN_CHECKPOINTS, write_folder
-from vla_scale.sync.weight_sync import gathered_buckets
+from vla_scale.parallel.sync.weight_sync import gathered_buckets
 
 
 def rng_state() -> dict[str, Any]:

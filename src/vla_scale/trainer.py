@@ -21,11 +21,14 @@ import torch
 import torch.distributed as dist
 
 from vla_scale import checkpoint
-from vla_scale.actor import Actor
 from vla_scale.batches import StepBatch, group_uids, kept_groups, plan_update, repeat_for_groups, step_mismatch
 from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, validate
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
+from vla_scale.parallel.actor import Actor
+from vla_scale.parallel.sim.cluster import ray_address_problem, start_ray
+from vla_scale.parallel.sim.fleet import SimFleet, SimNodeLost
+from vla_scale.parallel.sync.weight_sync import SyncReport, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop, LoopStats, Trajectory, success_metrics
 from vla_scale.rollout.fp8 import fp8_problem
@@ -33,10 +36,7 @@ from vla_scale.rollout.sampler import TaskSampler, eval_specs
 from vla_scale.rollout.stack import max_chunks, play_eval, start_fleet, start_ray_for
 from vla_scale.run_log import RunLogger, progress
 from vla_scale.run_setup import init_distributed, resolved_config
-from vla_scale.sim.cluster import ray_address_problem, start_ray
-from vla_scale.sim.fleet import SimFleet, SimNodeLost
 from vla_scale.stop_signals import Preempted, StopSignals
-from vla_scale.sync.weight_sync import SyncReport, sync_weights
 
 
 class SimulatorLost(RuntimeError):

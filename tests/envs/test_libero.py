@@ -38,7 +38,7 @@ from vla_scale.envs.libero import (
     quat_to_axis_angle,
 )
 from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
-from vla_scale.sim.process import SimProcess
+from vla_scale.parallel.sim.process import SimProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 RES = 128

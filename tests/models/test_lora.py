@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from vla_scale.actor import Actor
 from vla_scale.batches import MicroBatch
 from vla_scale.config import AlgoConfig, ConfigError, DeepSpeedConfig, EnvConfig, LoraConfig, ModelConfig, validate
 from vla_scale.envs.reach import instructions
@@ -22,10 +21,11 @@ from vla_scale.models.lora import (
     served,
     write_adapters,
 )
+from vla_scale.parallel.actor import Actor
+from vla_scale.parallel.sync.checksum import weights_checksum
+from vla_scale.parallel.sync.weight_sync import gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_setup import init_distributed
-from vla_scale.sync.checksum import weights_checksum
-from vla_scale.sync.weight_sync import gathered_buckets, sync_weights
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=2, num_heads=2,
                   intermediate_size=64, chunk_len=4)

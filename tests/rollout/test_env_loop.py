@@ -15,10 +15,10 @@ from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
+from vla_scale.parallel.sim.cluster import start_ray
+from vla_scale.parallel.sim.fleet import LocalWorkers, SimFleet
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop
-from vla_scale.sim.cluster import start_ray
-from vla_scale.sim.fleet import LocalWorkers, SimFleet
 
 CFG = ModelConfig(image_size=32, patch_size=16, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
                   intermediate_size=64, chunk_len=4)

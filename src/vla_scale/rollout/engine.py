@@ -10,9 +10,9 @@ the plain ones up to rounding (the kernels differ), so on the GPU the first PPO 
 rather than exactly 1; sampling, log-probs and actions are the same code for both. `benchmarks/decode.py` measures
 both and their agreement.
 
-Weights arrive through `update_weights_from_tensor`: from the actor in the same process (`sync/weight_sync.py`)
+Weights arrive through `update_weights_from_tensor`: from the actor in the same process (`parallel/sync/weight_sync.py`)
 or from trainer rank 0 over an update group, received by a `WeightReceiver` that wraps the engine
-(`sync/update_group.py`; the engine knows no transport). When the
+(`parallel/sync/update_group.py`; the engine knows no transport). When the
 engine shares a GPU with the actor, `release_memory_occupation` frees its weights during the update and
 `resume_memory_occupation` takes the memory back for the sync that follows.
 
@@ -33,10 +33,10 @@ from torch import Tensor
 
 from vla_scale.algo import logprobs_from_logits
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
+from vla_scale.parallel.sync.checksum import weights_checksum
+from vla_scale.parallel.sync.spans import span
 from vla_scale.rollout.fast_forward import FastForward
 from vla_scale.rollout.fp8 import Fp8Weights, fp8_problem
-from vla_scale.sync.checksum import weights_checksum
-from vla_scale.sync.spans import span
 
 PRECISIONS = ("bf16", "fp8")
 

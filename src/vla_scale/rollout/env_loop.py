@@ -20,8 +20,8 @@ import numpy as np
 
 from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
 from vla_scale.models.pretrained import PretrainedVLA
+from vla_scale.parallel.sim.fleet import Restarted, SimFleet
 from vla_scale.rollout.engine import RolloutEngine
-from vla_scale.sim.fleet import Restarted, SimFleet
 
 
 @dataclass

@@ -14,7 +14,7 @@ from multiprocessing import resource_tracker, shared_memory
 import numpy as np
 
 from vla_scale.envs.types import ChunkStep, Observation, observation_of
-from vla_scale.sim.slot_batch import SlotBatch
+from vla_scale.parallel.sim.slot_batch import SlotBatch
 
 
 class ImageWriter:

@@ -37,9 +37,9 @@ import numpy as np
 import ray
 
 from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
-from vla_scale.sim.process import SimProcess, SimulatorError
-from vla_scale.sim.shared_images import ImageReader
-from vla_scale.sim.slot_batch import SlotBatch
+from vla_scale.parallel.sim.process import SimProcess, SimulatorError
+from vla_scale.parallel.sim.shared_images import ImageReader
+from vla_scale.parallel.sim.slot_batch import SlotBatch
 
 
 @dataclass

@@ -5,14 +5,14 @@ from itertools import pairwise
 import pytest
 import torch
 
-from vla_scale.actor import Actor
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import WordTokenizer, build_policy
+from vla_scale.parallel.actor import Actor
+from vla_scale.parallel.sync.checksum import weights_checksum
+from vla_scale.parallel.sync.weight_sync import _end_to_end, gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_setup import init_distributed
-from vla_scale.sync.checksum import weights_checksum
-from vla_scale.sync.weight_sync import _end_to_end, gathered_buckets, sync_weights
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
                   intermediate_size=64, chunk_len=4)
@@ -132,7 +132,7 @@ def test_sync_raises_when_a_copied_bit_differs(actor_and_engine):
 
 
 def test_each_tensor_of_a_bucket_is_fingerprinted_by_one_rank_in_runs():
-    from vla_scale.sync.weight_sync import _share
+    from vla_scale.parallel.sync.weight_sync import _share
 
     bucket = [(f"t{i}", torch.zeros(n)) for i, n in enumerate([5, 100, 3, 40, 40, 7, 60, 1])]
     for world in (1, 2, 3):

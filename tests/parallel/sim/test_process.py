@@ -17,8 +17,8 @@ import pytest
 
 from vla_scale.envs.reach import ACTION_DIM, CAMERA, ReachEnv
 from vla_scale.envs.types import ChunkStep, TaskSpec
-from vla_scale.sim.process import SimProcess, SimulatorError, _child_environment
-from vla_scale.sim.shared_images import ImageReader
+from vla_scale.parallel.sim.process import SimProcess, SimulatorError, _child_environment
+from vla_scale.parallel.sim.shared_images import ImageReader
 
 BOOT_TIMEOUT_S = 60.0  # the first answer includes the child's interpreter start and imports
 CHUNK = 8
@@ -148,7 +148,7 @@ with open(sys.argv[1], "a") as marks:  # top-level code: a child that re-imports
     marks.write(f"{os.getpid()}\\n")
 
 if __name__ == "__main__":
-    from vla_scale.sim.process import SimProcess
+    from vla_scale.parallel.sim.process import SimProcess
     from vla_scale.envs.types import TaskSpec
 
     with SimProcess("reach", num_slots=1, env_kwargs={"camera_resolution": 16}) as proc:
@@ -163,7 +163,7 @@ def test_the_child_does_not_run_the_parents_main_module(tmp_path) -> None:
     in a typical training script); the simulator child must not."""
     script, marks = tmp_path / "launcher.py", tmp_path / "marks.txt"
     script.write_text(LAUNCHER)
-    src = str(Path(__file__).resolve().parents[2] / "src")
+    src = str(Path(__file__).resolve().parents[3] / "src")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, str(script), str(marks)], env=env, capture_output=True, text=True,
                          timeout=120)

@@ -47,8 +47,8 @@ from typing import Any, Self
 import numpy as np
 
 from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
-from vla_scale.sim.shared_images import ImageReader, ImageWriter
-from vla_scale.sim.slot_batch import SlotBatch
+from vla_scale.parallel.sim.shared_images import ImageReader, ImageWriter
+from vla_scale.parallel.sim.slot_batch import SlotBatch
 
 
 class SimulatorError(RuntimeError):
@@ -138,7 +138,7 @@ def _start_child(env_name: str, env_kwargs: dict[str, Any], num_slots: int) -> t
     tracker_fd = resource_tracker._resource_tracker._fd
     assert tracker_fd is not None
     code = (f"import sys; sys.path[:0] = {sys.path!r}; "
-            f"from vla_scale.sim.process import _child_entry; _child_entry({theirs.fileno()}, {tracker_fd})")
+            f"from vla_scale.parallel.sim.process import _child_entry; _child_entry({theirs.fileno()}, {tracker_fd})")
     try:
         child = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(), tracker_fd),
                                  env=_child_environment())

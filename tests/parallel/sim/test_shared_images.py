@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from vla_scale.envs.types import ChunkStep, Observation
-from vla_scale.sim.shared_images import ImageReader, ImageWriter
-from vla_scale.sim.slot_batch import SlotBatch
+from vla_scale.parallel.sim.shared_images import ImageReader, ImageWriter
+from vla_scale.parallel.sim.slot_batch import SlotBatch
 
 
 def answers(slots: int, answered: list[int], side: int, seed: int) -> list[Observation | ChunkStep | None]:

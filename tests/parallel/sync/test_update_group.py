@@ -28,11 +28,11 @@ def _trainer(rank: int, trainer_port: int, update_port: int, out: mp.Queue) -> N
                       MASTER_PORT=str(trainer_port))
     import deepspeed
 
-    from vla_scale.actor import Actor
+    from vla_scale.parallel.actor import Actor
+    from vla_scale.parallel.sync.checksum import weights_checksum
+    from vla_scale.parallel.sync.update_group import UpdateGroup, broadcast_sync
+    from vla_scale.parallel.sync.weight_sync import gathered_buckets
     from vla_scale.run_setup import init_distributed
-    from vla_scale.sync.checksum import weights_checksum
-    from vla_scale.sync.update_group import UpdateGroup, broadcast_sync
-    from vla_scale.sync.weight_sync import gathered_buckets
 
     init_distributed()
     tok = WordTokenizer.from_instructions(instructions())
@@ -50,8 +50,8 @@ def _trainer(rank: int, trainer_port: int, update_port: int, out: mp.Queue) -> N
         with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
             if rank == 0:
                 param.data.add_(1.0)  # the next sync must carry the change
+    from vla_scale.parallel.sync.weight_sync import sync_weights
     from vla_scale.rollout.engine import RolloutEngine
-    from vla_scale.sync.weight_sync import sync_weights
 
     own = RolloutEngine(build_policy(CFG, tok))  # the colocated layout too: each rank syncs its own engine
     report = sync_weights(actor.policy, own, 7, BUCKET_MB)  # each rank fingerprints half; one checksum of both
@@ -64,8 +64,8 @@ def _trainer(rank: int, trainer_port: int, update_port: int, out: mp.Queue) -> N
 
 
 def _engine(update_port: int, out: mp.Queue) -> None:
+    from vla_scale.parallel.sync.update_group import WeightReceiver
     from vla_scale.rollout.engine import RolloutEngine
-    from vla_scale.sync.update_group import WeightReceiver
 
     torch.manual_seed(1)  # different weights from the actor's until the first sync
     engine = RolloutEngine(build_policy(CFG, WordTokenizer.from_instructions(instructions())))
