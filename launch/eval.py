@@ -82,7 +82,7 @@ def write_tables(run_dir: str, suite: str, rows: list[list[str]], protocol: str 
 
 
 def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) -> float:
-    from vla_scale.envs.registry import suite_instructions
+    from vla_scale.envs.registry import simulator
     from vla_scale.models import PretrainedVLA
     from vla_scale.rollout.engine import RolloutEngine
     from vla_scale.rollout.env_loop import EnvLoop, success_metrics
@@ -94,7 +94,7 @@ def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) 
     vla = PretrainedVLA.for_env(cfg.model, cfg.env, explicit)  # checked against the env before anything starts
     cfg = resolved_config(cfg, vla)
     e = cfg.env
-    instructions = suite_instructions(e.name, e.suite)
+    instructions = simulator(e.name).instructions(e.suite)
     torch.manual_seed(cfg.seed)
     policy = vla.policy
     source = f"{vla.source} (smoke run)" if not cfg.model.checkpoint else vla.source

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from vla_scale.config import SIMULATOR_SETTINGS, Config, ConfigError, register_configs, to_config, validate
+from vla_scale.config import Config, ConfigError, register_configs, to_config, validate
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 GROUP_OPTIONS = [(group.name, yaml.stem) for group in sorted(CONFIGS.iterdir()) if group.is_dir()
@@ -56,12 +56,11 @@ def test_top_level_config_is_the_embedded_default():
 
 
 def test_every_simulator_has_its_own_settings_group_that_builds_its_kwargs():
-    from vla_scale.envs.registry import ENVS
+    from vla_scale.envs.registry import SIMULATORS
 
-    assert set(SIMULATOR_SETTINGS) == set(ENVS)
-    for name, settings in SIMULATOR_SETTINGS.items():
+    for name, sim in SIMULATORS.items():
         env = load(f"env={'reach' if name == 'reach' else 'libero_spatial'}").env
-        assert env.name == name and isinstance(env.simulator(), settings)
+        assert env.name == name and isinstance(env.simulator(), sim.settings)
         assert set(env.simulator_kwargs()) == {"camera_resolution", "max_steps", *env.simulator().simulator_kwargs()}
     cfg = load("env=reach", "env.reach.physics_substeps=5", "env.libero.settle_steps=3")
     assert cfg.env.simulator_kwargs()["physics_substeps"] == 5 and "settle_steps" not in cfg.env.simulator_kwargs()

@@ -608,10 +608,10 @@ def test_the_bowl_settles_onto_the_ramekin(rendering: dict) -> None:
 def test_another_mujoco_is_refused_naming_both_versions_and_the_override() -> None:
     import mujoco
 
-    from vla_scale.config import LiberoConfig
+    from vla_scale.envs.libero import LiberoSettings
 
-    problems = LiberoConfig(mujoco="3.1.0").startup_problems()
+    problems = LiberoSettings(mujoco="3.1.0").startup_problems()
     wanted = [p for p in problems if "MuJoCo" in p]
     assert len(wanted) == 1 and f"MuJoCo {mujoco.__version__} is installed" in wanted[0], problems
     assert "mujoco==3.1.0" in wanted[0] and f"env.libero.mujoco={mujoco.__version__}" in wanted[0]
-    assert not [p for p in LiberoConfig().startup_problems() if "MuJoCo" in p]  # the pinned one passes
+    assert not [p for p in LiberoSettings().startup_problems() if "MuJoCo" in p]  # the pinned one passes

@@ -130,7 +130,7 @@ def test_jpeg_round_trip():
 def test_simulator_processes_can_prepare_images_without_torch_or_tensorflow():
     """Simulator processes (MuJoCo/EGL, no torch) import these to make the images the towers see."""
     code = ("import sys\n"
-            "import vla_scale.envs.official_images, vla_scale.envs.interface, vla_scale.envs.registry\n"
+            "import vla_scale.envs.official_images, vla_scale.envs.prepared_images, vla_scale.envs.registry\n"
             "assert not {'torch', 'tensorflow'} & set(sys.modules), sorted(sys.modules)\n")
     subprocess.run([sys.executable, "-c", code], check=True,
                    env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")})

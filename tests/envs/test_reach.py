@@ -22,7 +22,7 @@ from vla_scale.envs.reach import (
     instructions,
     task_instruction,
 )
-from vla_scale.envs.registry import ENVS, make_env
+from vla_scale.envs.registry import SIMULATORS, make_env
 from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
 
 CHUNK = 8
@@ -113,9 +113,10 @@ def test_physics_substeps_simulate_without_changing_the_task() -> None:
 
 
 def test_the_env_config_builds_the_physics_cost_into_its_simulators() -> None:
-    from vla_scale.config import EnvConfig, ReachConfig
+    from vla_scale.config import EnvConfig
+    from vla_scale.envs.reach import ReachSettings
 
-    env = make_env("reach", **EnvConfig(reach=ReachConfig(physics_substeps=3)).simulator_kwargs())
+    env = make_env("reach", **EnvConfig(reach=ReachSettings(physics_substeps=3)).simulator_kwargs())
     try:
         assert env.physics_substeps == 3
     finally:
@@ -215,6 +216,6 @@ def test_registry() -> None:
     env = make_env("reach", camera_resolution=32, max_steps=5)
     assert isinstance(env, ReachEnv) and env.max_steps == 5
     env.close()
-    assert ENVS["reach"] is ReachEnv
+    assert SIMULATORS["reach"].env_class is ReachEnv
     with pytest.raises(ValueError, match="reach"):
         make_env("no_such_env")

@@ -54,13 +54,13 @@ def test_the_prompt_budget_is_sized_to_the_suite_or_checked_against_it():
 def test_actions_reach_each_env_in_its_convention():
     actions = np.array([[[0.1, -0.2, 0.3, 0.0, 0.0, 0.0, 0.7], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.2]]])
     np.testing.assert_array_equal(vla_for().env_actions(actions), actions)  # a policy of our own: unchanged
-    from vla_scale.envs.interface import action_postprocess
+    from vla_scale.envs.registry import simulator
 
-    libero = action_postprocess("libero", "openvla")(actions)
+    libero = simulator("libero").action_postprocess("openvla")(actions)
     assert libero[0, :, -1].tolist() == [-1.0, 1.0]  # OpenVLA gripper 0.7 (open) -> LIBERO -1, 0.2 -> +1 (close)
     np.testing.assert_array_equal(libero[..., :-1], actions[..., :-1])
     with pytest.raises(ValueError, match="cannot take OpenVLA-convention actions"):
-        action_postprocess("reach", "openvla")
+        simulator("reach").action_postprocess("openvla")
 
 
 def test_a_policy_that_does_not_fit_the_env_is_refused_naming_the_keys():

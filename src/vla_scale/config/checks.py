@@ -10,6 +10,8 @@ import os
 from typing import Any
 
 from vla_scale.config.schema import LORA_ALL_LINEAR, LORA_TARGETS, Config, ConfigError, EnvConfig, LoraConfig
+from vla_scale.envs.registry import SIMULATORS, simulator
+from vla_scale.envs.simulator import Simulator
 
 CHOICES: dict[str, tuple[Any, ...]] = {
     "algo.name": ("grpo",),
@@ -38,9 +40,8 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     **{f"env.{k}": AT_LEAST_1 for k in ("num_tasks", "num_eval_init_states", "num_workers", "sims_per_worker",
                                        "max_failures")},
     **{f"env.{k}": AT_LEAST_0 for k in ("num_train_init_states", "camera_resolution", "eval_videos_per_task",
-                                       "max_steps",
-                                       "reach.physics_substeps", "libero.settle_steps", "libero.texture_max_side")},
-    "env.reach.max_delta": POSITIVE,
+                                       "max_steps")},
+    **{f"env.{name}.{k}": bound for name, sim in SIMULATORS.items() for k, bound in sim.settings.BOUNDS.items()},
     "env.step_timeout_s": POSITIVE,
     **{f"algo.{k}": AT_LEAST_1 for k in ("batch_size", "mini_batches", "micro_batches")},
     "algo.group_size": AT_LEAST_2,
@@ -55,7 +56,8 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     **{k: AT_LEAST_0 for k in ("seed", "save_every")},
 }
 """Every numeric key's range: (phrase, limit, limit allowed). A size or count that reaches a buffer, a division or a
-split is >= 1 wherever zero has no meaning; a test keeps every int and float field listed here."""
+split is >= 1 wherever zero has no meaning; a simulator's own keys come from its settings class (`BOUNDS`); a test
+keeps every int and float field listed here."""
 
 UPPER: dict[str, tuple[float, bool]] = {"algo.clip_low": (1.0, False), "algo.filter_low": (1.0, True),
                                          "algo.filter_high": (1.0, True)}
@@ -92,8 +94,6 @@ def _divisors(n: int, limit: int = 64) -> list[int]:
 
 def validate(cfg: Config, world_size: int = 1) -> Config:
     """Check the arithmetic and the names; raise one ConfigError listing every problem and its fix."""
-    from vla_scale.envs.registry import ENVS, SUITES, suite_num_tasks, task_step_limits
-
     out_of_range = range_problems(cfg)
     problems = list(out_of_range.values())
 
@@ -101,13 +101,8 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
         return not out_of_range.keys() & set(keys)
 
     m, e, a = cfg.model, cfg.env, cfg.algo
-    if e.name not in ENVS:
-        problems.append(f"env.name={e.name!r} is not a known simulator; choose one of {sorted(ENVS)}")
-    elif e.suite not in SUITES.get(e.name, ()):
-        problems.append(f"env.suite={e.suite!r} is not a suite of env {e.name!r}; choose one of {SUITES[e.name]}")
-    elif e.max_steps == 0 and task_step_limits(e.name, e.suite) is None:
-        problems.append(f"env.max_steps=0 must be >= 1: env {e.name!r} has no step limit per task (0 gives each "
-                        "LIBERO task its own suite's)")
+    sim, env_problems = known_simulator(e)
+    problems += env_problems
     if sound("model.patch_size") and m.image_size % m.patch_size:
         problems.append(f"model.image_size={m.image_size} is not a multiple of model.patch_size={m.patch_size}")
     if sound("model.num_heads") and (m.hidden_size % m.num_heads or m.vision_dim % m.num_heads):
@@ -157,21 +152,20 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
             + ("episodes an update can get (one group kept by algo.filter_low/filter_high)" if filtering else
                "episodes a rank updates on") + "; lower them"
         )
-    env_cls = ENVS.get(e.name)
-    suite_tasks = suite_num_tasks(e.name, e.suite) if e.suite in SUITES.get(e.name, ()) else None
+    suite_tasks = sim.num_tasks(e.suite) if sim is not None and e.suite in sim.suites else None
     if suite_tasks is not None and not 1 <= e.num_tasks <= suite_tasks:
         problems.append(f"env.num_tasks={e.num_tasks} but suite {e.suite!r} has {suite_tasks} tasks; "
                         f"use 1..{suite_tasks}")
-    if env_cls is not None and e.num_train_init_states + e.num_eval_init_states > env_cls.NUM_INIT_STATES:
+    if sim is not None and e.num_train_init_states + e.num_eval_init_states > sim.num_init_states:
         problems.append(
             f"env.num_train_init_states + env.num_eval_init_states = {e.num_train_init_states} + "
-            f"{e.num_eval_init_states} exceeds the {env_cls.NUM_INIT_STATES} init states per task; lower them"
+            f"{e.num_eval_init_states} exceeds the {sim.num_init_states} init states per task; lower them"
         )
     if e.num_train_init_states < 1 and not e.train_on_eval_states:
         problems.append("env.num_train_init_states=0 leaves nothing to train on: set it >= 1, or "
                         "env.train_on_eval_states=true")
     problems += published_protocol_problems(e)
-    if e.name in ENVS:
+    if sim is not None:
         problems += e.startup_problems()
     ds = cfg.deepspeed
     for key in ("offload_param", "leaf_modules", "stream_optimizer_states"):
@@ -188,20 +182,33 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     return cfg
 
 
+def known_simulator(env: EnvConfig) -> tuple[Simulator | None, list[str]]:
+    """The simulator env.name names (None: none), and what keeps env.suite or env.max_steps=0 from fitting it."""
+    try:
+        sim = simulator(env.name)
+    except ValueError as err:
+        return None, [str(err)]
+    if env.suite not in sim.suites:
+        return sim, [f"env.suite={env.suite!r} is not a suite of env {env.name!r}; choose one of {sim.suites}"]
+    if env.max_steps == 0 and sim.step_limits is None:
+        return sim, [f"env.max_steps=0 must be >= 1: env {env.name!r} has no step limit per task (0 gives each "
+                     "LIBERO task its own suite's)"]
+    return sim, []
+
+
 def published_protocol_problems(env: EnvConfig) -> list[str]:
-    """What keeps env.eval_protocol=published from being the published protocol: another simulator than LIBERO's,
-    another step limit than the suite's."""
+    """What keeps env.eval_protocol=published from being the published protocol: a simulator without one (only
+    LIBERO has published numbers), another step limit than the suite's."""
     if env.eval_protocol != "published":
         return []
-    if env.name != "libero":
+    sim = SIMULATORS.get(env.name)
+    if sim is None or sim.published_step_limit is None:
         return [f"env.eval_protocol=published is LIBERO's published protocol; env={env.name} has none (use held_out)"]
-    from vla_scale.envs.libero import OFT_MAX_STEPS, UNIFIED_SUITES
-
-    if env.suite in UNIFIED_SUITES and env.max_steps != 0:
+    limit = sim.published_step_limit(env.suite)
+    if limit == 0 and env.max_steps != 0:
         return [f"env.eval_protocol=published plays each {env.suite} task with its own suite's step limit, but "
                 f"env.max_steps={env.max_steps}: set env.max_steps=0 (or use env.eval_protocol=held_out)"]
-    limit = OFT_MAX_STEPS.get(env.suite)
-    if limit is not None and env.max_steps not in (0, limit):
+    if limit and env.max_steps not in (0, limit):
         return [f"env.eval_protocol=published plays {env.suite}'s step limit {limit}, but env.max_steps="
                 f"{env.max_steps}: drop the env.max_steps override (or use env.eval_protocol=held_out)"]
     return []

@@ -2,7 +2,8 @@
 
 Every field carries a one-line docstring (a string literal right below it); `docs/CONFIG.md` lists them
 (`config/docs.py`). Group YAMLs under `configs/` only override fields of these schemas, so a typo in a key or a wrong
-type fails at load; `config/checks.py` checks what the types cannot.
+type fails at load; `config/checks.py` checks what the types cannot. Each simulator's own keys (`env.<name>.*`) are
+declared by its settings class in its own module and listed by the env registry (`with_simulator_settings`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
+
+from vla_scale.envs.registry import SIMULATORS, simulator
 
 
 class ConfigError(ValueError):
@@ -127,73 +130,21 @@ class DisaggSimConfig:
     """Simulation nodes the run expects to find in the Ray cluster."""
 
 
-@dataclass
-class ReachConfig:
-    max_delta: float = 0.03
-    """End-effector displacement in metres per env step at |action| = 1."""
-    physics_substeps: int = 0
-    """MuJoCo physics steps (mj_step) run after each action (0: none, the task stays kinematic); real simulation work
-    that gives its simulators the cost per env step of a heavier scene (benchmarks/rl_step.py)."""
-
-    def simulator_kwargs(self) -> dict[str, Any]:
-        return {"max_delta": self.max_delta, "physics_substeps": self.physics_substeps}
-
-    def startup_problems(self) -> list[str]:
-        return []
+def with_simulator_settings(cls: type) -> type:
+    """Give the env schema one field per simulator of the registry, named after it and holding its settings
+    dataclass (`env.reach.*`, `env.libero.*`): a simulator's keys are declared in its own module
+    (`envs/simulator.py`), not here."""
+    for name, sim in SIMULATORS.items():
+        cls.__annotations__[name] = sim.settings
+        setattr(cls, name, field(default_factory=sim.settings))
+    return cls
 
 
 @dataclass
-class LiberoConfig:
-    settle_steps: int = 10
-    """No-op steps after each reset while the objects come to rest (OFT waits 10); not counted in env.max_steps."""
-    assets: str = ""
-    """Scene assets folder ('' uses the assets installed by `make libero`)."""
-    texture_max_side: int = 0
-    """Render from a copy of the assets with textures of at most this many pixels a side (0: LIBERO's own, as the
-    official evaluation renders); 1024 takes ~0.5 GiB less per simulator, images within 2 intensity levels."""
-    scenes: str = "per_episode"
-    """Fixture layouts: per_episode (seeded by task and init state) or official (OFT's eval episode k scenes)."""
-    mujoco: str = "3.3.2"
-    """The MuJoCo release LIBERO must run under: the one whose renders match the data public LIBERO checkpoints were
-    trained on (from 3.3.3 LIBERO-Object's floors render darker; from 3.4.0 libero_spatial task 5's bowl no longer
-    settles on the ramekin). Another installed release is refused; name it here to run it anyway."""
-
-    def simulator_kwargs(self) -> dict[str, Any]:
-        return {"settle_steps": self.settle_steps, "assets_path": self.assets or None,
-                "texture_max_side": self.texture_max_side, "scenes": self.scenes}
-
-    def startup_problems(self) -> list[str]:
-        """The scene mode, the LIBERO package and its scene assets, checked before any simulator starts."""
-        from vla_scale.envs.libero import SCENES
-        from vla_scale.envs.libero_install import LiberoNotInstalled, resolve_assets
-
-        problems = []
-        if self.scenes not in SCENES:
-            problems.append(f"env.libero.scenes={self.scenes!r} is not a LIBERO scene mode; choose one of "
-                            f"{list(SCENES)}")
-        try:
-            resolve_assets(self.assets or None)
-        except LiberoNotInstalled as err:
-            problems.append(str(err))
-        import mujoco
-
-        if mujoco.__version__ != self.mujoco:
-            problems.append(f"MuJoCo {mujoco.__version__} is installed but LIBERO runs under MuJoCo {self.mujoco} "
-                            "here (other releases render LIBERO's scenes unlike the data public checkpoints were "
-                            f"trained on): install mujoco=={self.mujoco} (`make libero` does), or set "
-                            f"env.libero.mujoco={mujoco.__version__} to run this one anyway")
-        return problems
-
-
-SIMULATOR_SETTINGS: dict[str, type] = {"reach": ReachConfig, "libero": LiberoConfig}
-"""Each simulator of the env registry with its settings class; `EnvConfig` holds one field of that class per name
-(`env.reach.*`, `env.libero.*`), and the class builds that simulator's kwargs and makes its start-up checks."""
-
-
-@dataclass
+@with_simulator_settings
 class EnvConfig:
     name: str = "reach"
-    """Simulator name from the env registry (`vla_scale.envs.registry.ENVS`)."""
+    """Simulator name from the env registry (`vla_scale.envs.registry.SIMULATORS`)."""
     suite: str = "reach"
     """Task suite: which tasks the sampler draws from."""
     num_tasks: int = 3
@@ -228,20 +179,17 @@ class EnvConfig:
     """Colocated mode only: run the sim workers inside the trainer process, so a pipeline-stage hand-over is a pipe
     write and read to the simulator processes with no Ray call (false: Ray actors; disaggregated mode always uses
     Ray actors on the simulation nodes)."""
-    reach: ReachConfig = field(default_factory=ReachConfig)
-    """The embedded reach task's own settings (used when name=reach)."""
-    libero: LiberoConfig = field(default_factory=LiberoConfig)
-    """LIBERO's own settings (used when name=libero)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """How the env loop overlaps simulation and decoding."""
     disagg_sim: DisaggSimConfig = field(default_factory=DisaggSimConfig)
     """Simulators on separate nodes (disaggregated mode)."""
 
-    def simulator(self) -> ReachConfig | LiberoConfig:
-        """The settings of the simulator `name` names (its field of the same name)."""
-        if self.name not in SIMULATOR_SETTINGS:
-            raise ConfigError(f"env.name={self.name!r} is not a known simulator; choose one of "
-                              f"{sorted(SIMULATOR_SETTINGS)}")
+    def simulator(self) -> Any:
+        """The settings of the simulator `name` names (its field of the same name, `env.<name>.*`)."""
+        try:
+            simulator(self.name)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
         return getattr(self, self.name)
 
     def simulator_kwargs(self) -> dict[str, Any]:

@@ -70,12 +70,14 @@ import math
 import os
 import pickle
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from vla_scale.envs import libero_install
+from vla_scale.envs.simulator import Bound, Simulator
 from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
 
 OFT_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
@@ -488,3 +490,66 @@ class LiberoEnv:
             self._env.close()
             self._env = None
             self._built = None
+
+
+@dataclass
+class LiberoSettings:
+    """LIBERO's own keys (read when env.name=libero)."""
+
+    settle_steps: int = 10
+    """No-op steps after each reset while the objects come to rest (OFT waits 10); not counted in env.max_steps."""
+    assets: str = ""
+    """Scene assets folder ('' uses the assets installed by `make libero`)."""
+    texture_max_side: int = 0
+    """Render from a copy of the assets with textures of at most this many pixels a side (0: LIBERO's own, as the
+    official evaluation renders); 1024 takes ~0.5 GiB less per simulator, images within 2 intensity levels."""
+    scenes: str = "per_episode"
+    """Fixture layouts: per_episode (seeded by task and init state) or official (OFT's eval episode k scenes)."""
+    mujoco: str = "3.3.2"
+    """The MuJoCo release LIBERO must run under: the one whose renders match the data public LIBERO checkpoints were
+    trained on (from 3.3.3 LIBERO-Object's floors render darker; from 3.4.0 libero_spatial task 5's bowl no longer
+    settles on the ramekin). Another installed release is refused; name it here to run it anyway."""
+
+    BOUNDS: ClassVar[dict[str, Bound]] = {"settle_steps": (">= 0", 0, True), "texture_max_side": (">= 0", 0, True)}
+
+    def simulator_kwargs(self) -> dict[str, Any]:
+        return {"settle_steps": self.settle_steps, "assets_path": self.assets or None,
+                "texture_max_side": self.texture_max_side, "scenes": self.scenes}
+
+    def startup_problems(self) -> list[str]:
+        """The scene mode, the LIBERO package and its scene assets, checked before any simulator starts."""
+        problems = []
+        if self.scenes not in SCENES:
+            problems.append(f"env.libero.scenes={self.scenes!r} is not a LIBERO scene mode; choose one of "
+                            f"{list(SCENES)}")
+        try:
+            libero_install.resolve_assets(self.assets or None)
+        except libero_install.LiberoNotInstalled as err:
+            problems.append(str(err))
+        import mujoco
+
+        if mujoco.__version__ != self.mujoco:
+            problems.append(f"MuJoCo {mujoco.__version__} is installed but LIBERO runs under MuJoCo {self.mujoco} "
+                            "here (other releases render LIBERO's scenes unlike the data public checkpoints were "
+                            f"trained on): install mujoco=={self.mujoco} (`make libero` does), or set "
+                            f"env.libero.mujoco={mujoco.__version__} to run this one anyway")
+        return problems
+
+
+def task_step_limits(suite: str) -> list[int]:
+    """Each task's own step limit, indexed by task id: OpenVLA-OFT's limit of the suite the task belongs to."""
+    return [step_limit(suite, task) for task in range(num_tasks(suite))]
+
+
+def published_step_limit(suite: str) -> int | None:
+    """The step limit LIBERO's published success rates were measured with: OFT's per suite, 0 (each task its own
+    suite's) for a unified suite."""
+    return 0 if suite in UNIFIED_SUITES else OFT_MAX_STEPS.get(suite)
+
+
+SIMULATOR = Simulator(
+    name="libero", env_class=LiberoEnv, settings=LiberoSettings, suites=SUITES, cameras=tuple(CAMERAS),
+    action_dim=ACTION_DIM, proprio_dim=PROPRIO_DIM, num_init_states=NUM_INIT_STATES, instructions=instructions,
+    num_tasks=num_tasks, step_limits=task_step_limits, published_step_limit=published_step_limit,
+    openvla_actions=oft_gripper_to_libero,
+)

@@ -238,7 +238,7 @@ def _crop_axis(lo: np.float32, side: np.float32, size: int) -> tuple[np.ndarray,
 class ImagePrep:
     """Camera frames -> the images a policy's towers see, in numpy: the official resize (when a frame is not `size`
     already) and the centre crop. Simulator processes apply it to `cameras` before the images leave them
-    (`envs/interface.py: PreparedImages`), so the trainer's decode loop only normalises."""
+    (`envs/prepared_images.py: PreparedImages`), so the trainer's decode loop only normalises."""
 
     size: int
     center_crop: bool = False

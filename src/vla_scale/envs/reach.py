@@ -17,9 +17,13 @@ policy that heads straight for the block succeeds always (see tests/envs/test_re
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
 import mujoco
 import numpy as np
 
+from vla_scale.envs.simulator import Bound, Simulator
 from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
 
 SUITE = "reach"
@@ -217,3 +221,29 @@ class ReachEnv:
         if self._renderer is not None:
             self._renderer.close()
             self._renderer = None
+
+
+@dataclass
+class ReachSettings:
+    """The reach task's own keys (read when env.name=reach)."""
+
+    max_delta: float = 0.03
+    """End-effector displacement in metres per env step at |action| = 1."""
+    physics_substeps: int = 0
+    """MuJoCo physics steps (mj_step) run after each action (0: none, the task stays kinematic); real simulation work
+    that gives its simulators the cost per env step of a heavier scene (benchmarks/rl_step.py)."""
+
+    BOUNDS: ClassVar[dict[str, Bound]] = {"max_delta": ("> 0", 0, False), "physics_substeps": (">= 0", 0, True)}
+
+    def simulator_kwargs(self) -> dict[str, Any]:
+        return {"max_delta": self.max_delta, "physics_substeps": self.physics_substeps}
+
+    def startup_problems(self) -> list[str]:
+        return []
+
+
+SIMULATOR = Simulator(
+    name="reach", env_class=ReachEnv, settings=ReachSettings, suites=(SUITE,), cameras=(CAMERA,),
+    action_dim=ACTION_DIM, proprio_dim=PROPRIO_DIM, num_init_states=ReachEnv.NUM_INIT_STATES,
+    instructions=lambda suite: instructions(), num_tasks=lambda suite: ReachEnv.NUM_TASKS,
+)

@@ -1,4 +1,9 @@
-"""Simulators chosen by suite name; `make_env` is what sim worker processes call to build their envs.
+"""The simulators by name: each simulator's module defines its `Simulator` record (`envs/simulator.py`), this
+registry lists them, and everything else asks it (`simulator(name)`); `make_env` is what simulator processes call to
+build their envs.
+
+Adding a simulator: its module (the env class, its settings dataclass and its `SIMULATOR` record), its config file
+(`configs/env/<name>.yaml`) and one line in `SIMULATORS` below (docs/ARCHITECTURE.md, "Adding a simulator").
 
 Simulator processes import this module, so it imports no torch and no config machinery (hydra, omegaconf).
 """
@@ -7,59 +12,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from vla_scale.envs.libero import SUITES as LIBERO_SUITES
-from vla_scale.envs.libero import LiberoEnv
-from vla_scale.envs.reach import SUITE as REACH_SUITE
-from vla_scale.envs.reach import ReachEnv
+from vla_scale.envs import libero, reach
+from vla_scale.envs.simulator import Simulator
 from vla_scale.envs.types import Env
 
-ENVS: dict[str, type] = {"reach": ReachEnv, "libero": LiberoEnv}
+SIMULATORS: dict[str, Simulator] = {sim.name: sim for sim in (reach.SIMULATOR, libero.SIMULATOR)}
 
-SUITES: dict[str, tuple[str, ...]] = {"reach": (REACH_SUITE,), "libero": LIBERO_SUITES}
-"""Env name -> the task suites it can play."""
+
+def simulator(name: str) -> Simulator:
+    """The record of the simulator `env.name` names."""
+    if name not in SIMULATORS:
+        raise ValueError(f"env.name={name!r} is not a known simulator; choose one of {sorted(SIMULATORS)}")
+    return SIMULATORS[name]
 
 
 def make_env(name: str, image_prep: dict[str, Any] | None = None, **kwargs: Any) -> Env:
     """Build the env registered under `name` with its constructor kwargs; `image_prep` (an `ImagePrep`'s fields)
     makes its observations carry the images a policy's towers see."""
-    if name not in ENVS:
-        raise ValueError(f"unknown env {name!r}; valid choices: {sorted(ENVS)}")
-    env = ENVS[name](**kwargs)
+    env = simulator(name).env_class(**kwargs)
     if image_prep is None:
         return env
-    from vla_scale.envs.interface import PreparedImages
     from vla_scale.envs.official_images import ImagePrep
+    from vla_scale.envs.prepared_images import PreparedImages
 
     return PreparedImages(env, ImagePrep(**{**image_prep, "cameras": tuple(image_prep.get("cameras", ()))}))
-
-
-def suite_instructions(name: str, suite: str) -> list[str]:
-    """Every instruction the tasks of `suite` can give (builds the offline word-level tokenizer)."""
-    if name == "reach" and suite == "reach":
-        from vla_scale.envs.reach import instructions
-
-        return instructions()
-    if name == "libero":
-        from vla_scale.envs.libero import instructions as libero_instructions
-
-        return libero_instructions(suite)
-    raise ValueError(f"no instructions known for env {name!r} suite {suite!r}")
-
-
-def task_step_limits(name: str, suite: str) -> list[int] | None:
-    """Each task's own step limit, indexed by task id (LIBERO: OpenVLA-OFT's limit of the suite the task belongs
-    to), what `env.max_steps=0` plays; None for an env without one."""
-    if name == "libero":
-        from vla_scale.envs.libero import step_limit
-
-        return [step_limit(suite, task) for task in range(suite_num_tasks(name, suite))]
-    return None
-
-
-def suite_num_tasks(name: str, suite: str) -> int:
-    """How many tasks `suite` of env `name` has."""
-    if name == "libero":
-        from vla_scale.envs.libero import num_tasks
-
-        return num_tasks(suite)
-    return ENVS[name].NUM_TASKS

@@ -7,7 +7,7 @@ post-processing. `PretrainedVLA` reads all of them from one source and hands the
   and statistics from config.json / dataset_statistics.json, the tokenizer from its tokenizer files, the image
   preprocessing from preprocessor_config.json plus the official evaluation's resize and crop, the number of images
   from our `vla_scale` section or the robot platform its statistics name (OFT LIBERO: third-person + wrist), actions
-  post-processed into the env's convention (`envs/interface.py`: OpenVLA gripper -> LIBERO's).
+  post-processed into the env's convention (the env's `Simulator.action_postprocess`: OpenVLA gripper -> LIBERO's).
 - `from_config(model_config, instructions)`: a fresh policy of our own, with a word-level tokenizer of the suite's
   instructions; its actions are already in the env's convention.
 - `for_env(model_config, env_config)`: what the trainer, `launch/eval.py` and the benchmarks call: one of the above
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from vla_scale.config import ConfigError, EnvConfig, ModelConfig
-from vla_scale.envs.interface import action_postprocess, env_interface
+from vla_scale.envs.registry import simulator
 from vla_scale.envs.types import Observation
 from vla_scale.models.actions import DatasetStats
 from vla_scale.models.checkpoint_io import (
@@ -80,7 +80,7 @@ class PretrainedVLA:
                  build: Callable[[bool], OFTPolicy], source: str):
         self.spec, self.tokenizer, self.processor, self.env, self.source = spec, tokenizer, processor, env, source
         self.convention = "openvla" if spec.norm_stats else "env"
-        self.env_actions = action_postprocess(env, self.convention)
+        self.env_actions = simulator(env).action_postprocess(self.convention)
         """Un-normalised actions [..., A] -> what the env steps with (the env's post-processing)."""
         self._build = build
         self._policy: OFTPolicy | None = None
@@ -166,9 +166,7 @@ class PretrainedVLA:
         """The policy of a run on `env`: `model.checkpoint`'s, else a fresh one; raises ConfigError naming every
         key that does not fit, before any simulator starts. `explicit`: the keys the command line set (`model.*`
         ones a checkpoint contradicts are refused rather than silently replaced by the checkpoint's values)."""
-        from vla_scale.envs.registry import suite_instructions
-
-        instructions = suite_instructions(env.name, env.suite)
+        instructions = simulator(env.name).instructions(env.suite)
         if model.checkpoint:
             from vla_scale.models.hub import HubError, resolve_checkpoint
 
@@ -307,7 +305,7 @@ class PretrainedVLA:
     def check_env(self, env: EnvConfig) -> list[str]:
         """Every way the policy does not fit `env` (empty when it fits), each naming the key to change."""
         problems = []
-        face = env_interface(env.name)
+        face = simulator(env.name)
         spec = self.spec
         if spec.num_images > len(face.cameras):
             problems.append(f"the policy takes {spec.num_images} images per example but env {env.name!r} renders "
@@ -431,7 +429,7 @@ def _platform_env(spec: OFTSpec, folder: str) -> str:
 def _processor(spec: OFTSpec, tokenizer: TextTokenizer, env: str, preprocessor: dict[str, Any] | None,
                max_text_len: int) -> Processor:
     """The processor of `spec` (its `unnorm_key` already resolved: `resolve_unnorm_key`)."""
-    cameras = env_interface(env).cameras[: spec.num_images]
+    cameras = simulator(env).cameras[: spec.num_images]
     stats = DatasetStats.from_json(spec.norm_stats[spec.unnorm_key], spec.normalization) if spec.unnorm_key else None
     return Processor(model_config_from_spec(spec), tokenizer, cameras, stats,
                      ImageTransform.for_spec(spec, preprocessor), max_text_len)

@@ -51,12 +51,12 @@ def episode_steps(env: EnvConfig) -> int:
     tasks 0..env.num_tasks-1."""
     if env.max_steps:
         return env.max_steps
-    from vla_scale.envs.registry import task_step_limits
+    from vla_scale.envs.registry import simulator
 
-    limits = task_step_limits(env.name, env.suite)
+    limits = simulator(env.name).step_limits
     if limits is None:
         raise ValueError(f"env.max_steps=0 but env {env.name!r} has no step limit per task")
-    return max(limits[: env.num_tasks])
+    return max(limits(env.suite)[: env.num_tasks])
 
 
 def play_eval(loop: EnvLoop, specs: list[TaskSpec], temperature: float, uid_prefix: str,

@@ -1,0 +1,74 @@
+"""`Simulator`: everything the rest of the code asks about one simulator, in one record that the simulator's own
+module defines (`reach.SIMULATOR`, `libero.SIMULATOR`) and the registry lists.
+
+The record carries the env class the simulator processes build, its settings class (the `env.<name>.*` keys: a plain
+dataclass that turns them into the env's constructor kwargs and says what keeps the simulator from starting), its
+suites and their instructions, task counts and step limits, its cameras and sizes as a policy sees them, and how a
+policy's actions become the env's.
+
+Action conventions (`Simulator.action_postprocess`):
+- "env": the policy already acts in the env's convention (policies trained here from scratch, whose actions are the
+  normalised bins' values): passed through.
+- "openvla": OpenVLA / OpenVLA-OFT checkpoints, trained on data whose gripper is in [0, 1] with 1 = open; the record's
+  `openvla_actions` turns them into the env's (LIBERO: the official `process_action`).
+
+Numpy only (simulator processes import it); no config machinery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+ACTION_CONVENTIONS = ("env", "openvla")
+
+Bound = tuple[str, float, bool]
+"""A numeric setting's range: (phrase, limit, limit allowed), e.g. (">= 0", 0, True); `config.checks` reads them."""
+
+
+@dataclass(frozen=True)
+class Simulator:
+    """One simulator, as the config, the checks, the policy and the fleet see it."""
+
+    name: str
+    """`env.name`; also the name of its settings group (`env.<name>.*`)."""
+    env_class: type
+    """What `registry.make_env` builds in a simulator process, with `settings.simulator_kwargs()` and the shared
+    kwargs (camera_resolution, max_steps)."""
+    settings: type
+    """Dataclass of the simulator's own keys, with `simulator_kwargs()`, `startup_problems()` and a `BOUNDS` dict
+    (field -> Bound) for its numeric fields."""
+    suites: tuple[str, ...]
+    cameras: tuple[str, ...]
+    """Observation image names, primary first."""
+    action_dim: int
+    proprio_dim: int
+    num_init_states: int
+    """Init states per task."""
+    instructions: Callable[[str], list[str]]
+    """suite -> every instruction its tasks give, indexed by task id (the offline word-level tokenizer's words)."""
+    num_tasks: Callable[[str], int]
+    step_limits: Callable[[str], list[int]] | None = None
+    """suite -> each task's own step limit (what `env.max_steps=0` plays); None: the simulator has none."""
+    published_step_limit: Callable[[str], int | None] | None = None
+    """suite -> the step limit its published success rates were measured with (0: each task its own; None: the
+    suite has none); None: the simulator has no published protocol."""
+    openvla_actions: Callable[[np.ndarray], np.ndarray] | None = None
+    """OpenVLA-convention actions -> the env's; None: OpenVLA checkpoints do not act in this simulator."""
+
+    def action_postprocess(self, convention: str) -> Callable[[np.ndarray], np.ndarray]:
+        """The function from a policy's un-normalised actions [..., A] to what this env steps with (float64)."""
+        if convention not in ACTION_CONVENTIONS:
+            raise ValueError(f"unknown action convention {convention!r}; choose one of {ACTION_CONVENTIONS}")
+        if convention == "env":
+            return _as_float64
+        if self.openvla_actions is None:
+            raise ValueError(f"env {self.name!r} cannot take OpenVLA-convention actions (an OpenVLA-OFT "
+                             "checkpoint's): train a policy of its own on it, or use a LIBERO env")
+        return self.openvla_actions
+
+
+def _as_float64(actions: np.ndarray) -> np.ndarray:
+    return np.array(actions, dtype=np.float64)
