@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_ENV, TINY_MODEL, read_scalars, run_script
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = [*TINY_MODEL, *TINY_ENV, "progress=false"]
 
 

@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 
 from vla_scale.config import Config, ConfigError, register_configs, to_config, validate
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 GROUP_OPTIONS = [(group.name, yaml.stem) for group in sorted(CONFIGS.iterdir()) if group.is_dir()
                  for yaml in sorted(group.glob("*.yaml"))]
 

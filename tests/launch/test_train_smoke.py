@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import TINY, read_scalars, read_text_tags, script_env, train_ok
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
