@@ -51,7 +51,7 @@ def test_evaluate_and_train_an_official_folder(tmp_path: Path) -> None:
     assert (tmp_path / "train" / "checkpoints" / "step_2" / "model.safetensors").exists()
 
     # the step folder is a checkpoint folder of the same policy: the official pipeline, tokenizer and statistics, so
-    # `launch/eval.py model.checkpoint=<run>` evaluates it as the official folder was (tests/launch/test_eval.py runs that)
+    # `launch/eval.py model.checkpoint=<run>` evaluates it as the official folder was (tests/launch/test_eval.py)
     from vla_scale.config import EnvConfig, ModelConfig
     from vla_scale.models import PretrainedVLA
 
