@@ -104,7 +104,7 @@ def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) 
     protocol = protocol_line(e)
     print(f"evaluating {source} on {e.suite}: {len(specs)} episodes, run directory {run_dir}\n"
           f"policy: {vla.describe(e)}; {protocol}", flush=True)
-    start_ray_for(cfg.parallel)
+    start_ray_for(e, cfg.parallel)
     size = e.num_workers * e.sims_per_worker * e.rollout.pipeline_stage_num  # one simulator per slot
     fleet = start_fleet(e, vla, size)
     loop = EnvLoop(fleet, engine, vla, max_chunks(e, cfg.model.chunk_len))

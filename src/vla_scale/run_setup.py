@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -20,6 +21,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _init_alone(init: Callable[[], None], attempts: int = 5) -> None:
+    """A world of one on a port of its own: a free port found now can be taken by another process before the store
+    binds it, so a port in use is tried again with another."""
+    for attempt in range(attempts):
+        os.environ["MASTER_PORT"] = str(_free_port())
+        try:
+            init()
+            return
+        except dist.DistNetworkError:
+            if attempt == attempts - 1:
+                raise
+
+
 def init_distributed() -> tuple[int, int]:
     """Join (or, without a launcher, create) the process group; returns (rank, world size)."""
     if not dist.is_initialized():
@@ -27,11 +41,13 @@ def init_distributed() -> tuple[int, int]:
 
         for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
             os.environ.setdefault(key, value)
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():  # before anything is allocated (zero.Init builds on the current device)
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+        if "MASTER_PORT" in os.environ:  # a launcher's: every rank must meet there
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+        else:
+            _init_alone(lambda: deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False))
     return dist.get_rank(), dist.get_world_size()
 
 

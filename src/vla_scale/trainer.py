@@ -33,7 +33,7 @@ from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop, LoopStats, Trajectory, success_metrics
 from vla_scale.rollout.fp8 import fp8_problem
 from vla_scale.rollout.sampler import TaskSampler, eval_specs
-from vla_scale.rollout.stack import max_chunks, play_eval, start_fleet, start_ray_for
+from vla_scale.rollout.stack import max_chunks, needs_ray, play_eval, start_fleet, start_ray_for
 from vla_scale.run_log import RunLogger, progress
 from vla_scale.run_setup import init_distributed, resolved_config
 from vla_scale.stop_signals import Preempted, StopSignals
@@ -202,10 +202,12 @@ class Trainer:
         self.ready = True
 
     def _start_ray(self) -> None:
-        """Rank 0 starts (or joins) Ray; the other ranks join the same instance once it is up."""
+        """Rank 0 starts (or joins) Ray when the run `needs_ray`; the other ranks then join the same instance."""
         p = self.cfg.parallel
+        if not needs_ray(self.cfg.env, p):
+            return
         if self.rank == 0:
-            start_ray_for(p)
+            start_ray_for(self.cfg.env, p)
         if self.world > 1:
             dist.barrier()
             if self.rank > 0:

@@ -3,29 +3,14 @@
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, read_scalars, read_text_tags, script_env, train_ok
+from conftest import TINY, read_scalars, read_text_tags, run_script, script_env, train_ok
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.mark.slow
-def test_two_steps_write_every_promised_scalar(tmp_path):
-    proc = train_ok("steps=2", "eval_every=1", "save_every=0", f"run_dir={tmp_path}")
-    assert f"run directory: {tmp_path}" in proc.stdout
-    scalars = read_scalars(str(tmp_path / "tb"))
-    for tag in ["train/success_rate", "eval/success_rate", "train/policy_loss", "train/clip_frac", "train/entropy",
-                "time/rollout_s", "time/make_room_s", "time/update_s", "time/recompute_s", "time/sync_s"]:
-        assert tag in scalars, tag
-    assert [s for s, _ in scalars["train/policy_loss"]] == [1, 2]
-    assert [s for s, _ in scalars["eval/success_rate"]] == [0, 1, 2]
-    assert [v for _, v in scalars["sync/version"]] == [1, 2]
-    # the rollout <-> actor mismatch before each update: CPU float32 computes the same function on both sides
-    for tag in ("train/mismatch_abs_log_ratio", "train/mismatch_approx_kl", "train/mismatch_outside_clip"):
-        assert [s for s, _ in scalars[tag]] == [1, 2] and all(abs(v) < 1e-5 for _, v in scalars[tag]), tag
 
 
 @pytest.mark.slow
@@ -77,12 +62,28 @@ def test_deterministic_runs_repeat_with_two_threads(tmp_path):
 
 
 @pytest.mark.slow
-def test_multirun_sweep_gives_each_job_its_run_directory(tmp_path):
-    proc = train_ok("seed=0,1", "steps=1", "eval_every=1", "save_every=0", f"hydra.sweep.dir={tmp_path}", flags=("-m",))
+def test_a_multirun_sweep_gives_each_job_its_run_directory_and_every_promised_scalar(tmp_path):
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths would live under it
+    proc = run_script("train", "-m", *TINY, "seed=0,1", "steps=2", "eval_every=1", "save_every=0",
+                      f"hydra.sweep.dir={tmp_path}", env=dict(script_env(), RAY_TMPDIR=str(ray_tmp)))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert not any(ray_tmp.iterdir()), "colocated sim workers need no Ray, yet it started"
+    ray_tmp.rmdir()
     runs = sorted(p.parent.name for p in tmp_path.glob("*/tb"))
     assert runs == ["job0_seed0", "job1_seed1"], proc.stdout
     for run in runs:
-        assert "eval/success_rate" in read_scalars(str(tmp_path / run / "tb"))
+        assert f"run directory: {tmp_path / run}" in proc.stdout
+        scalars = read_scalars(str(tmp_path / run / "tb"))
+        for tag in ["train/success_rate", "eval/success_rate", "train/policy_loss", "train/clip_frac",
+                    "train/entropy", "time/rollout_s", "time/make_room_s", "time/update_s", "time/recompute_s",
+                    "time/sync_s"]:
+            assert tag in scalars, (run, tag)
+        assert [s for s, _ in scalars["train/policy_loss"]] == [1, 2]
+        assert [s for s, _ in scalars["eval/success_rate"]] == [0, 1, 2]
+        assert [v for _, v in scalars["sync/version"]] == [1, 2]
+        # the rollout <-> actor mismatch before each update: CPU float32 computes the same function on both sides
+        for tag in ("train/mismatch_abs_log_ratio", "train/mismatch_approx_kl", "train/mismatch_outside_clip"):
+            assert [s for s, _ in scalars[tag]] == [1, 2] and all(abs(v) < 1e-5 for _, v in scalars[tag]), tag
 
 
 @pytest.mark.slow

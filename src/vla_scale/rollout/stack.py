@@ -19,9 +19,21 @@ if TYPE_CHECKING:
     from tqdm import tqdm
 
 
-def start_ray_for(parallel: ParallelConfig) -> None:
-    """Join `parallel.ray_address`, or start a local Ray as the config says."""
+def needs_ray(env: EnvConfig, parallel: ParallelConfig) -> bool:
+    """Whether anything of the run lives on Ray: sim workers as Ray actors (disaggregated mode, or
+    env.sim_workers_in_trainer=false), a cluster to join, or the dashboard asked for. Colocated sim workers in the
+    trainer's process need none, so a run starts without Ray's processes (seconds and a few hundred MiB)."""
+    return bool(parallel.ray_address or parallel.ray_dashboard or env.disagg_sim.enable
+                or not env.sim_workers_in_trainer)
+
+
+def start_ray_for(env: EnvConfig, parallel: ParallelConfig) -> bool:
+    """Join `parallel.ray_address`, or start a local Ray as the config says, when the run `needs_ray`; returns
+    whether Ray runs."""
+    if not needs_ray(env, parallel):
+        return False
     start_ray(parallel.ray_address, parallel.ray_dashboard, parallel.ray_num_cpus)
+    return True
 
 
 def start_fleet(env: EnvConfig, vla: PretrainedVLA, size: int) -> SimFleet:

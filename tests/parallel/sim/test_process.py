@@ -95,7 +95,7 @@ def test_child_exception_is_reraised_with_traceback() -> None:
         assert len(proc.recv(timeout_s=10.0)) == 1
     with SimProcess("no_such_env") as bad:
         bad.send_reset([TaskSpec("reach", 0, 0)])
-        with pytest.raises(SimulatorError, match="valid choices"):
+        with pytest.raises(SimulatorError, match="is not a known simulator; choose one of"):
             bad.recv(timeout_s=BOOT_TIMEOUT_S)
 
 
