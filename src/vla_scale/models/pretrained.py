@@ -15,7 +15,8 @@ post-processing. `PretrainedVLA` reads all of them from one source and hands the
   does not render or renders at another resolution, action or proprio sizes, the statistics key.
 
 The policy's weights are built on first use of `.policy` (and again by `new_policy`, e.g. for the DeepSpeed actor
-under ZeRO-3), so the checks cost no weight loading and a fresh policy draws its init where it always did.
+under ZeRO-3), so the checks cost no weight loading and a fresh policy draws its init where it always did. `predict`
+samples with the rollout engine's sampler (`models/sampling.py`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from vla_scale.models.checkpoint_io import (
 )
 from vla_scale.models.policy import OFTPolicy, build_policy
 from vla_scale.models.processor import ImageTransform, PolicyInputs, Processor
+from vla_scale.models.sampling import sample_bins
 from vla_scale.models.spec import (
     OFFICIAL_EVALUATION,
     OFTSpec,
@@ -278,12 +280,7 @@ class PretrainedVLA:
         policy = self.policy
         batch = self.inputs(observations)
         logits = policy(batch.to(next(policy.parameters()).device)).float()
-        if greedy:
-            tokens = logits.argmax(dim=-1)
-        else:
-            probs = torch.softmax(logits / temperature, dim=-1).reshape(-1, logits.shape[-1])
-            tokens = torch.multinomial(probs, 1, generator=generator).view(logits.shape[:-1])
-        tokens_np = tokens.cpu().numpy().astype(np.int64)
+        tokens_np = sample_bins(logits, temperature, greedy, generator).cpu().numpy().astype(np.int64)
         actions = policy.tokens_to_actions(tokens_np)
         return Prediction(tokens_np, actions, self.env_actions(actions))
 
