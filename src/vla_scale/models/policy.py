@@ -30,7 +30,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from vla_scale.config import ModelConfig
 from vla_scale.models.actions import ActionTokenizer, DatasetStats
 from vla_scale.models.processor import ImageTransform, PolicyInputs, Processor
-from vla_scale.models.spec import OFTSpec, config_from_model_config, model_config_from_spec, spec_from_openvla
+from vla_scale.models.spec import OFTSpec, model_config_from_spec, spec_from_model_config
 from vla_scale.models.tokenizer import TextTokenizer
 from vla_scale.models.vision import VisionBackbone
 
@@ -313,5 +313,4 @@ def build_policy(cfg: ModelConfig, tokenizer: TextTokenizer, zero3_init: bool = 
     policies through this and pairs them with their tokenizer and processor."""
     if cfg.checkpoint:
         return OFTPolicy.from_pretrained(cfg.checkpoint, zero3_init=zero3_init, **overrides)
-    config = config_from_model_config(cfg, tokenizer.vocab_size, tokenizer.eos_id)
-    return OFTPolicy(spec_from_openvla(config, proprio_dim=cfg.proprio_dim if cfg.use_proprio else None), zero3_init)
+    return OFTPolicy(spec_from_model_config(cfg, tokenizer.vocab_size, tokenizer.eos_id), zero3_init)

@@ -8,8 +8,9 @@ post-processing. `PretrainedVLA` reads all of them from one source and hands the
   preprocessing from preprocessor_config.json plus the official evaluation's resize and crop, the number of images
   from our `vla_scale` section or the robot platform its statistics name (OFT LIBERO: third-person + wrist), actions
   post-processed into the env's convention (`envs/interface.py`: OpenVLA gripper -> LIBERO's).
-- `from_config(model_config, instructions)`: a fresh policy of our own, with a word-level tokenizer of the suite's
-  instructions; its actions are already in the env's convention.
+- `from_config(model_config, instructions)`: a fresh policy of our own, its spec made from the ModelConfig
+  (`spec_from_model_config`), with a word-level tokenizer of the suite's instructions; its actions are already in the
+  env's convention.
 - `for_env(model_config, env_config)`: what the trainer, `launch/eval.py` and the benchmarks call: one of the above
   for that env, checked against it before anything starts (`check_env`): prompts that do not fit, images the env
   does not render or renders at another resolution, action or proprio sizes, the statistics key.
@@ -48,13 +49,7 @@ from vla_scale.models.checkpoint_io import (
 from vla_scale.models.policy import OFTPolicy, build_policy
 from vla_scale.models.processor import ImageTransform, PolicyInputs, Processor
 from vla_scale.models.sampling import sample_bins
-from vla_scale.models.spec import (
-    OFFICIAL_EVALUATION,
-    OFTSpec,
-    config_from_model_config,
-    model_config_from_spec,
-    spec_from_openvla,
-)
+from vla_scale.models.spec import OFFICIAL_EVALUATION, OFTSpec, model_config_from_spec, spec_from_model_config
 from vla_scale.models.tokenizer import HFTokenizer, TextTokenizer, WordTokenizer, prompt_text
 
 CHECKPOINT_OVERRIDES = ("checkpoint", "unnorm_key", "center_crop", "use_proprio", "num_images", "max_text_len")
@@ -154,8 +149,7 @@ class PretrainedVLA:
         if model.checkpoint:
             raise ValueError("from_config builds a fresh policy; use from_pretrained for model.checkpoint")
         tokenizer = WordTokenizer.from_instructions(instructions)
-        config = config_from_model_config(model, tokenizer.vocab_size, tokenizer.eos_id)
-        spec = spec_from_openvla(config, proprio_dim=model.proprio_dim if model.use_proprio else None)
+        spec = spec_from_model_config(model, tokenizer.vocab_size, tokenizer.eos_id)
         processor = _processor(spec, tokenizer, env, None, text_budget(tokenizer, instructions, model.max_text_len))
 
         def build(zero3_init: bool = False) -> OFTPolicy:
