@@ -2,6 +2,7 @@
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import OFTPolicy, Processor, WordTokenizer, build_policy
 from vla_scale.models.checkpoint_io import weight_files
-from vla_scale.models.spec import spec_from_openvla
+from vla_scale.models.spec import openvla_config, spec_from_model_config, spec_from_openvla
 
 FIXTURE = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "oft_official_tiny"
 STATS = {"libero_goal_no_noops": {
@@ -62,6 +63,32 @@ def test_other_sizes_two_images_and_proprio_round_trip_sharded(tmp_path):
     np.testing.assert_allclose(actions[0, 0, :6], STATS["libero_goal_no_noops"]["action"]["q99"][:6], atol=1e-2)
 
 
+FRESH = {
+    "tiny": ModelConfig(),
+    "no proprio, crop, fixed vocabulary": ModelConfig(use_proprio=False, center_crop=True, vocab_size=512),
+    "OpenVLA-7B towers and sizes": ModelConfig(
+        timm_model_ids=["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"], image_size=224,
+        hidden_size=4096, num_layers=32, num_heads=32, intermediate_size=11008, vocab_size=32064, num_images=2,
+        image_resize="jpeg_lanczos3", proprio_dim=8),
+}
+
+
+@pytest.mark.parametrize("cfg", FRESH.values(), ids=FRESH)
+def test_a_fresh_spec_is_the_one_its_config_json_reads_back_to(cfg):
+    """A fresh policy's spec, made from its ModelConfig without a config.json, is the spec its saved config.json
+    (as JSON text) reads back to, and that one saves the same text again."""
+    tok = WordTokenizer.from_instructions(instructions())
+    spec = spec_from_model_config(cfg, tok.vocab_size, tok.eos_id)
+    text = json.dumps(openvla_config(spec), indent=2)
+    back = spec_from_openvla(json.loads(text), proprio_dim=spec.proprio_dim or None)
+    assert replace(back, raw={}) == replace(spec, raw={})
+    assert json.dumps(openvla_config(back), indent=2) == text
+    assert spec.raw == {k: back.raw[k] for k in spec.raw}  # the official fields, saved as they are
+    if cfg.timm_model_ids:
+        assert spec.raw["vision_backbone_id"] == "dinosiglip-vit-so-224px"
+        assert spec.raw["hf_llm_id"] == "meta-llama/Llama-2-7b-hf"
+
+
 def test_tiny_model_round_trip_keeps_every_option(tmp_path):
     cfg = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
                       intermediate_size=64, chunk_len=4, attention="causal", ordinal_bin_init=1.0)
@@ -71,11 +98,11 @@ def test_tiny_model_round_trip_keeps_every_option(tmp_path):
     policy.save_pretrained(str(tmp_path))
     loaded = OFTPolicy.from_pretrained(str(tmp_path))
     assert loaded.spec.attention == "causal" and loaded.action_queries is not None
-    assert loaded.model_config == policy.model_config
+    assert replace(loaded.spec, raw={}) == replace(policy.spec, raw={})
     for (name, a), (_, b) in zip(policy.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
-    batch = Processor(cfg, tok).from_arrays(np.zeros((2, 32, 32, 3), np.uint8), ["reach the red block"] * 2,
-                                           np.zeros((2, 4), np.float32))
+    batch = Processor.for_spec(policy.spec, tok).from_arrays(np.zeros((2, 32, 32, 3), np.uint8),
+                                                             ["reach the red block"] * 2, np.zeros((2, 4), np.float32))
     torch.testing.assert_close(loaded(batch), policy(batch), rtol=0, atol=0)
 
 

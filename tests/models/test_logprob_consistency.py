@@ -37,7 +37,7 @@ def setup(request):
     texts = instructions()
     obs = [Observation({"agentview": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)},
                        rng.normal(size=4).astype(np.float32), texts[i % len(texts)]) for i in range(6)]
-    return policy.train(), engine, Processor(cfg, tok)(obs)
+    return policy.train(), engine, Processor.for_spec(policy.spec, tok)(obs)
 
 
 def test_trainer_logits_equal_engine_logits_bitwise(setup):

@@ -21,6 +21,7 @@ from vla_scale.models.lora import (
     served,
     write_adapters,
 )
+from vla_scale.models.spec import spec_from_model_config
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.checksum import weights_checksum
 from vla_scale.parallel.sync.weight_sync import gathered_buckets, sync_weights
@@ -30,6 +31,7 @@ from vla_scale.run_setup import init_distributed
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=2, num_heads=2,
                   intermediate_size=64, chunk_len=4)
 TOK = WordTokenizer.from_instructions(instructions())
+SPEC = spec_from_model_config(CFG, TOK.vocab_size, TOK.eos_id)
 LORA = LoraConfig(rank=4, alpha=8.0)
 
 
@@ -37,7 +39,7 @@ def batch(seed: int, rows: int = 4) -> MicroBatch:
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (rows, 32, 32, 3), dtype=np.uint8)
     proprio = rng.uniform(-1, 1, (rows, CFG.proprio_dim)).astype(np.float32)
-    inputs = Processor(CFG, TOK).from_arrays(images, [instructions()[i % 3] for i in range(rows)], proprio)
+    inputs = Processor.for_spec(SPEC, TOK).from_arrays(images, [instructions()[i % 3] for i in range(rows)], proprio)
     k = CFG.chunk_len * 7
     mask = torch.ones(rows, k, dtype=torch.bool)
     return MicroBatch(inputs, torch.from_numpy(rng.integers(0, 256, (rows, k))), torch.full((rows, k), -5.5),

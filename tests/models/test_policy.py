@@ -25,7 +25,8 @@ def observations(n: int, seed: int = 0) -> list[Observation]:
 def parts():
     tok = WordTokenizer.from_instructions(instructions())
     torch.manual_seed(0)
-    return tok, Processor(CFG, tok), build_policy(CFG, tok)
+    policy = build_policy(CFG, tok)
+    return tok, Processor.for_spec(policy.spec, tok), policy
 
 
 def test_vocabulary_follows_the_openvla_layout(parts):
@@ -53,7 +54,7 @@ def test_instruction_changes_the_action_distribution(parts):
 def test_padding_does_not_change_an_example(parts):
     tok, proc, policy = parts
     batch = proc(observations(3))
-    short = Processor(ModelConfig(**{**vars(CFG), "max_text_len": 40}), tok)(observations(3))
+    short = Processor.for_spec(policy.spec, tok, max_text_len=40)(observations(3))
     torch.testing.assert_close(policy(batch), policy(short), rtol=0, atol=1e-5)
     alone = policy.action_logits(batch.pixel_values[:1], batch.input_ids[:1], batch.attention_mask[:1],
                                  batch.proprio[:1])
@@ -66,7 +67,7 @@ def test_attention_mode_decides_whether_slots_see_later_slots(attention):
     tok = WordTokenizer.from_instructions(instructions())
     torch.manual_seed(0)
     policy = build_policy(ModelConfig(**{**vars(CFG), "attention": attention}), tok)
-    batch = Processor(CFG, tok)(observations(1))
+    batch = Processor.for_spec(policy.spec, tok)(observations(1))
     base = policy(batch)
     with torch.no_grad():
         policy.language_model.get_input_embeddings().weight[tok.eos_id] += 1.0
@@ -78,7 +79,7 @@ def test_zero_action_embeddings_without_learned_queries():
     tok = WordTokenizer.from_instructions(instructions())
     policy = build_policy(ModelConfig(**{**vars(CFG), "learned_action_queries": False}), tok)
     assert policy.action_queries is None
-    batch = Processor(CFG, tok)(observations(2))
+    batch = Processor.for_spec(policy.spec, tok)(observations(2))
     prefix = policy.projector(policy.vision_backbone(batch.pixel_values))
     embeds, valid, rows = policy._sequence(prefix, batch.input_ids, batch.attention_mask)
     lengths = batch.attention_mask.sum(1)
@@ -112,9 +113,9 @@ def test_engine_rejects_unknown_or_misshaped_weights():
 def test_a_checkpoint_decides_its_architecture_and_must_fit_the_env(tmp_path):
     """With model.checkpoint the folder's config wins over the model group's sizes; a policy whose proprio or actions
     do not fit the env is refused before anything starts, naming the key."""
-    tok = WordTokenizer.from_instructions(instructions())
-    build_policy(CFG, tok).save_pretrained(str(tmp_path / "reach"))
-    loaded = build_policy(ModelConfig(**{**vars(CFG), "chunk_len": 8, "checkpoint": str(tmp_path / "reach")}), tok)
+    PretrainedVLA.from_config(CFG, instructions()).save_pretrained(str(tmp_path / "reach"))
+    asked = ModelConfig(**{**vars(CFG), "chunk_len": 8, "checkpoint": str(tmp_path / "reach")})
+    loaded = PretrainedVLA.for_env(asked, EnvConfig()).new_policy()
     assert loaded.num_action_tokens == CFG.chunk_len * CFG.action_dim
     PretrainedVLA.from_config(ModelConfig(**{**vars(CFG), "proprio_dim": 8}), instructions()).save_pretrained(
         str(tmp_path / "libero"))

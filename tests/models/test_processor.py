@@ -9,6 +9,7 @@ from vla_scale.envs.official_images import centre_crop
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
 from vla_scale.models import ImageTransform, Processor, WordTokenizer
+from vla_scale.models.spec import spec_from_model_config
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
@@ -27,14 +28,14 @@ def test_each_tower_gets_its_own_normalisation_and_images_stack_on_channels():
 def test_timm_towers_bring_their_data_config():
     cfg = ModelConfig(timm_model_ids=["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"],
                       image_size=224, patch_size=14)
-    transform = ImageTransform.for_model(cfg)
+    transform = ImageTransform.for_spec(spec_from_model_config(cfg, 100, 2), None)
     assert transform.means == (IMAGENET[0], (0.5, 0.5, 0.5)) and transform.stds[0] == IMAGENET[1]
 
 
 def test_processor_reads_every_camera_and_resizes():
     tok = WordTokenizer.from_instructions(instructions())
     cfg = ModelConfig(image_size=32, patch_size=8)
-    proc = Processor(cfg, tok, camera=("agentview", "wrist"))
+    proc = Processor.for_spec(spec_from_model_config(cfg, tok.vocab_size, tok.eos_id), tok, ("agentview", "wrist"))
     rng = np.random.default_rng(0)
     obs = [Observation({"agentview": rng.integers(0, 256, (48, 48, 3), dtype=np.uint8),
                         "wrist": np.zeros((48, 48, 3), np.uint8)}, np.zeros(4, np.float32), "reach the red block")]

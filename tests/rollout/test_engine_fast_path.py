@@ -38,7 +38,7 @@ def tiny_case(attention: str) -> tuple[OFTPolicy, PolicyInputs]:
     rng = np.random.default_rng(0)
     obs = [Observation({"agentview": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)},
                        rng.normal(size=4).astype(np.float32), TEXTS[i % 3]) for i in range(5)]
-    return policy, Processor(cfg, tok)(obs)
+    return policy, Processor.for_spec(policy.spec, tok, max_text_len=cfg.max_text_len)(obs)
 
 
 def official_case() -> tuple[OFTPolicy, PolicyInputs]:

@@ -6,20 +6,19 @@ A folder holds `config.json` (OpenVLAConfig fields, plus our `vla_scale` section
 `torch.load(weights_only=True)`), `dataset_statistics.json` and `preprocessor_config.json`. The official `.py`
 files that `trust_remote_code` would import are never needed.
 
-Under ZeRO-3 (`zero3_init=True`, called inside `deepspeed.zero.Init`) every tensor is copied into its gathered
-parameter on rank 0 and scattered from there; otherwise the policy is built without random init (in `dtype`, on
-`device`) and the tensors are copied in.
+`read_spec` gives a folder's `OFTSpec`; `models/policy.build_policy` builds the policy of that spec without random
+init and `load_weights` copies the folder's tensors in. Under ZeRO-3 (`zero3_init=True`, built inside
+`deepspeed.zero.Init`) every tensor is copied into its gathered parameter on rank 0 and scattered from there.
 """
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
 import re
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -65,6 +64,12 @@ def load_proprio_state(path: str) -> dict[str, torch.Tensor] | None:
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 
+def read_proprio_dim(path: str) -> int | None:
+    """The input size of the folder's proprio projector (None: it has none)."""
+    state = load_proprio_state(path)
+    return state["fc1.weight"].shape[1] if state else None
+
+
 def read_spec(path: str, proprio_dim: int | None = None, **overrides: Any) -> OFTSpec:
     """The spec of the checkpoint in `path` (config.json, with dataset_statistics.json when norm_stats is absent)."""
     config = _read_json(os.path.join(path, CONFIG))
@@ -106,34 +111,12 @@ def iter_tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         yield PROPRIO_PREFIX + name, tensor
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
-Policy = TypeVar("Policy", bound=torch.nn.Module)
-"""`OFTPolicy` (models/policy.py imports this module, so the class is passed in, not imported)."""
-
-
-def load_policy(cls: type[Policy], path: str, dtype: torch.dtype = torch.float32, device: str | None = None,
-                zero3_init: bool = False, **overrides: Any) -> Policy:
-    """Build the policy `path` describes and copy its weights in (strict: every parameter, no stray tensor)."""
-    from transformers import initialization
-
-    proprio = load_proprio_state(path)
-    spec = read_spec(path, proprio_dim=proprio["fc1.weight"].shape[1] if proprio else None, **overrides)
-    place = contextlib.nullcontext() if zero3_init or device is None else torch.device(device)
-    with _default_dtype(dtype), place, initialization.no_init_weights():
-        policy = cls(spec, zero3_init=zero3_init, init=False)
+def load_weights(policy: torch.nn.Module, path: str, zero3_init: bool = False) -> None:
+    """Copy the checkpoint's tensors into `policy` (an `OFTPolicy` of the folder's spec; strict: every parameter, no
+    stray tensor) and keep its preprocessor_config.json on it."""
     if os.path.exists(os.path.join(path, PREPROCESSOR)):
         policy.preprocessor = _read_json(os.path.join(path, PREPROCESSOR))
     copy_tensors(policy, iter_tensors(path), zero3_init)
-    return policy
 
 
 def copy_tensors(module: torch.nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], zero3: bool) -> None:
@@ -167,7 +150,7 @@ def _copy_one(name: str, param: torch.nn.Parameter, tensor: torch.Tensor, zero3:
 
 
 def save_policy(policy: Any, path: str, max_shard_gb: float = 5.0) -> None:
-    """Write the folder `load_policy` reads (see the module docstring) for an `OFTPolicy`, which must not be ZeRO-3
+    """Write the folder `load_weights` reads (see the module docstring) for an `OFTPolicy`, which must not be ZeRO-3
     sharded."""
     state = {n: p.detach().contiguous().cpu() for n, p in policy.named_parameters()}
     write_folder(state, policy.spec, policy.preprocessor or policy.image_transform().preprocessor_config(), path,
@@ -176,9 +159,9 @@ def save_policy(policy: Any, path: str, max_shard_gb: float = 5.0) -> None:
 
 def write_folder(state: dict[str, torch.Tensor], spec: OFTSpec, preprocessor: dict[str, Any], path: str,
                  max_shard_gb: float = 5.0) -> None:
-    """The folder `load_policy` reads, from a policy's named tensors (by parameter name, on the CPU), its spec and
-    its preprocessor_config.json: the weights (the proprio projector in its side file), config.json, the dataset
-    statistics and the preprocessor config. The tokenizer files are the tokenizer's to write."""
+    """The folder `read_spec` and `load_weights` read, from a policy's named tensors (by parameter name, on the CPU),
+    its spec and its preprocessor_config.json: the weights (the proprio projector in its side file), config.json, the
+    dataset statistics and the preprocessor config. The tokenizer files are the tokenizer's to write."""
     os.makedirs(path, exist_ok=True)
     state = dict(state)
     proprio = {"module." + n.removeprefix(PROPRIO_PREFIX): state.pop(n) for n in list(state)

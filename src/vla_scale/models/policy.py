@@ -18,7 +18,7 @@ chosen by the spec (`bidirectional` default, `causal` for parity with plain tran
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -29,8 +29,9 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from vla_scale.config import ModelConfig
 from vla_scale.models.actions import ActionTokenizer, DatasetStats
+from vla_scale.models.checkpoint_io import load_weights, read_proprio_dim, read_spec, save_policy
 from vla_scale.models.processor import ImageTransform, PolicyInputs, Processor
-from vla_scale.models.spec import OFTSpec, config_from_model_config, model_config_from_spec, spec_from_openvla
+from vla_scale.models.spec import OFTSpec, spec_from_model_config
 from vla_scale.models.tokenizer import TextTokenizer
 from vla_scale.models.vision import VisionBackbone
 
@@ -150,17 +151,33 @@ class OFTPolicy(nn.Module):
 
     # ---- construction -----------------------------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, path: str, **kwargs: Any) -> OFTPolicy:
-        """Load an official OpenVLA-OFT folder (or one `save_pretrained` wrote); see `checkpoint_io.load_policy`."""
-        from vla_scale.models.checkpoint_io import load_policy
+    def from_spec(cls, spec: OFTSpec, weights: str = "", zero3_init: bool = False, dtype: torch.dtype | None = None,
+                  device: str | None = None) -> OFTPolicy:
+        """The policy of `spec`: randomly initialised (seed torch first for a reproducible init) when `weights` is '',
+        else built without init and the tensors of the checkpoint folder `weights` copied in (`spec` is that
+        folder's, `checkpoint_io.read_spec`). In `dtype`, on `device` (None: torch's default ones); `zero3_init`:
+        the caller builds it inside `deepspeed.zero.Init`."""
+        from transformers import initialization
 
-        return load_policy(cls, path, **kwargs)
+        place = contextlib.nullcontext() if zero3_init or device is None else torch.device(device)
+        skip_init = initialization.no_init_weights() if weights else contextlib.nullcontext()
+        with _default_dtype(dtype or torch.get_default_dtype()), place, skip_init:
+            policy = cls(spec, zero3_init=zero3_init, init=not weights)
+        if weights:
+            load_weights(policy, weights, zero3_init)
+        return policy
+
+    @classmethod
+    def from_pretrained(cls, path: str, zero3_init: bool = False, dtype: torch.dtype = torch.float32,
+                        device: str | None = None, **overrides: Any) -> OFTPolicy:
+        """Load an official OpenVLA-OFT folder (or one `save_pretrained` wrote); `overrides` replace spec fields
+        (`checkpoint_io.read_spec`)."""
+        spec = read_spec(path, proprio_dim=read_proprio_dim(path), **overrides)
+        return cls.from_spec(spec, path, zero3_init, dtype, device)
 
     def save_pretrained(self, path: str, max_shard_gb: float = 5.0) -> None:
         """Write the official layout: config.json, model.safetensors (sharded past `max_shard_gb`), the proprio
         projector side file, dataset_statistics.json, preprocessor_config.json."""
-        from vla_scale.models.checkpoint_io import save_policy
-
         save_policy(self, path, max_shard_gb)
 
     def _init_ordinal_bins(self, gain: float, zero3_init: bool) -> None:
@@ -200,11 +217,6 @@ class OFTPolicy(nn.Module):
     @property
     def action_token_begin(self) -> int:
         return self.spec.action_token_begin
-
-    @property
-    def model_config(self) -> ModelConfig:
-        """The ModelConfig describing this policy (for `Processor`)."""
-        return model_config_from_spec(self.spec)
 
     def image_transform(self) -> ImageTransform:
         """The image preprocessing this policy expects (the checkpoint's, else its towers')."""
@@ -305,13 +317,21 @@ class OFTPolicy(nn.Module):
         return stats.normalize_proprio(np.asarray(raw, dtype=np.float64))
 
 
-def build_policy(cfg: ModelConfig, tokenizer: TextTokenizer, zero3_init: bool = False, **overrides: Any
-                 ) -> OFTPolicy:
-    """The policy `cfg` describes: loaded from `cfg.checkpoint` (whose config decides the architecture; `overrides`
-    replace spec fields, e.g. unnorm_key), else freshly initialised for this tokenizer (seed the RNG first for a
-    reproducible init). `zero3_init`: the caller builds it inside `deepspeed.zero.Init`. `PretrainedVLA` builds
-    policies through this and pairs them with their tokenizer and processor."""
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_policy(cfg: ModelConfig, tokenizer: TextTokenizer, zero3_init: bool = False) -> OFTPolicy:
+    """A fresh policy `cfg` describes for this tokenizer (seed the RNG first for a reproducible init): the policy of
+    `spec_from_model_config`. `zero3_init`: the caller builds it inside `deepspeed.zero.Init`. A checkpoint's
+    policy: `OFTPolicy.from_pretrained`; with its tokenizer and processor: `PretrainedVLA`."""
     if cfg.checkpoint:
-        return OFTPolicy.from_pretrained(cfg.checkpoint, zero3_init=zero3_init, **overrides)
-    config = config_from_model_config(cfg, tokenizer.vocab_size, tokenizer.eos_id)
-    return OFTPolicy(spec_from_openvla(config, proprio_dim=cfg.proprio_dim if cfg.use_proprio else None), zero3_init)
+        raise ValueError("build_policy builds a fresh policy; load model.checkpoint with OFTPolicy.from_pretrained")
+    return OFTPolicy.from_spec(spec_from_model_config(cfg, tokenizer.vocab_size, tokenizer.eos_id),
+                               zero3_init=zero3_init)

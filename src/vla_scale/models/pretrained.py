@@ -8,21 +8,24 @@ post-processing. `PretrainedVLA` reads all of them from one source and hands the
   preprocessing from preprocessor_config.json plus the official evaluation's resize and crop, the number of images
   from our `vla_scale` section or the robot platform its statistics name (OFT LIBERO: third-person + wrist), actions
   post-processed into the env's convention (the env's `Simulator.action_postprocess`: OpenVLA gripper -> LIBERO's).
-- `from_config(model_config, instructions)`: a fresh policy of our own, with a word-level tokenizer of the suite's
-  instructions; its actions are already in the env's convention.
+- `from_config(model_config, instructions)`: a fresh policy of our own, its spec made from the ModelConfig
+  (`spec_from_model_config`), with a word-level tokenizer of the suite's instructions; its actions are already in the
+  env's convention.
 - `for_env(model_config, env_config)`: what the trainer, `launch/eval.py` and the benchmarks call: one of the above
   for that env, checked against it before anything starts (`check_env`): prompts that do not fit, images the env
   does not render or renders at another resolution, action or proprio sizes, the statistics key.
 
-The policy's weights are built on first use of `.policy` (and again by `new_policy`, e.g. for the DeepSpeed actor
-under ZeRO-3), so the checks cost no weight loading and a fresh policy draws its init where it always did.
+The policy's weights are built from the spec and the weights' folder (none: a random init) by `OFTPolicy.from_spec`
+on first use of `.policy` (and again by `new_policy`, e.g. for the DeepSpeed actor under ZeRO-3), so the checks cost
+no weight loading and a fresh policy draws its init where it always did. `predict` samples with the rollout engine's
+sampler (`models/sampling.py`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -32,27 +35,20 @@ import torch
 from vla_scale.config import ConfigError, EnvConfig, ModelConfig
 from vla_scale.envs.registry import simulator
 from vla_scale.envs.types import Observation
-from vla_scale.models.actions import DatasetStats
 from vla_scale.models.checkpoint_io import (
     CONFIG,
     PREPROCESSOR,
     STATS,
-    load_policy,
-    load_proprio_state,
     proprio_projector_file,
+    read_proprio_dim,
     read_spec,
     step_folder,
     weight_files,
 )
-from vla_scale.models.policy import OFTPolicy, build_policy
-from vla_scale.models.processor import ImageTransform, PolicyInputs, Processor
-from vla_scale.models.spec import (
-    OFFICIAL_EVALUATION,
-    OFTSpec,
-    config_from_model_config,
-    model_config_from_spec,
-    spec_from_openvla,
-)
+from vla_scale.models.policy import OFTPolicy
+from vla_scale.models.processor import PolicyInputs, Processor
+from vla_scale.models.sampling import sample_bins
+from vla_scale.models.spec import OFFICIAL_EVALUATION, OFTSpec, model_config_from_spec, spec_from_model_config
 from vla_scale.models.tokenizer import HFTokenizer, TextTokenizer, WordTokenizer, prompt_text
 
 CHECKPOINT_OVERRIDES = ("checkpoint", "unnorm_key", "center_crop", "use_proprio", "num_images", "max_text_len")
@@ -76,13 +72,15 @@ class Prediction:
 class PretrainedVLA:
     """Policy, tokenizer, processor and action post-processing from one source (module docstring)."""
 
-    def __init__(self, spec: OFTSpec, tokenizer: TextTokenizer, processor: Processor, env: str,
-                 build: Callable[[bool], OFTPolicy], source: str):
+    def __init__(self, spec: OFTSpec, tokenizer: TextTokenizer, processor: Processor, env: str, source: str,
+                 weights: str = "", adapters: tuple[str, ...] = ()):
         self.spec, self.tokenizer, self.processor, self.env, self.source = spec, tokenizer, processor, env, source
+        self.weights, self.adapters = weights, adapters
+        """The checkpoint folder the policy's weights come from ('': a fresh random init); LoRA adapter folders
+        merged into them."""
         self.convention = "openvla" if spec.norm_stats else "env"
         self.env_actions = simulator(env).action_postprocess(self.convention)
         """Un-normalised actions [..., A] -> what the env steps with (the env's post-processing)."""
-        self._build = build
         self._policy: OFTPolicy | None = None
 
     # ---- construction -----------------------------------------------------------------------------------------------
@@ -106,13 +104,12 @@ class PretrainedVLA:
             tokenizer = HFTokenizer.from_folder(folder)
         except (FileNotFoundError, ValueError) as err:
             problems.append(str(err))
-        proprio = None
+        proprio_dim = None
         try:
-            proprio = load_proprio_state(folder)
+            proprio_dim = read_proprio_dim(folder)
         except Exception as err:  # torch.load raises several types for a corrupt archive
             problems.append(f"{proprio_projector_file(folder)} is unreadable ({err}): the download or copy is "
                             "incomplete")
-        proprio_dim = proprio["fc1.weight"].shape[1] if proprio else None
         overrides: dict[str, Any] = {k: v for k, v in (("center_crop", center_crop), ("attention", attention),
                                                        ("use_proprio", use_proprio), ("num_images", num_images))
                                      if v is not None}
@@ -124,7 +121,7 @@ class PretrainedVLA:
             raise CheckpointError("\n  - ".join([*problems, f"{folder}/{CONFIG} does not describe an OpenVLA-OFT "
                                                               f"policy: {err}"])) from err
         try:
-            overrides["unnorm_key"] = resolve_unnorm_key(spec, unnorm_key, suite, folder)
+            unnorm_key = resolve_unnorm_key(spec, unnorm_key, suite, folder)
         except CheckpointError as err:
             problems.append(str(err))
         if tokenizer is not None and tokenizer.vocab_size > spec.llm["vocab_size"]:
@@ -133,17 +130,13 @@ class PretrainedVLA:
         if problems or tokenizer is None:
             raise CheckpointError(problems[0] if len(problems) == 1 else
                                   f"{len(problems)} problems:\n  - " + "\n  - ".join(problems))
-        spec = replace(spec, unnorm_key=overrides["unnorm_key"])
+        spec = replace(spec, unnorm_key=unnorm_key)
         env = env or _platform_env(spec, folder)
         preprocessor = _read_json(os.path.join(folder, PREPROCESSOR)) if os.path.isfile(
             os.path.join(folder, PREPROCESSOR)) else None
         budget = text_budget(tokenizer, instructions or [], max_text_len)
         processor = _processor(spec, tokenizer, env, preprocessor, budget)
-
-        def build(zero3_init: bool = False) -> OFTPolicy:
-            return load_policy(OFTPolicy, folder, zero3_init=zero3_init, **overrides)
-
-        return cls(spec, tokenizer, processor, env, build, folder)
+        return cls(spec, tokenizer, processor, env, folder, weights=folder)
 
     @classmethod
     def from_config(cls, model: ModelConfig, instructions: list[str], env: str = "reach") -> PretrainedVLA:
@@ -152,14 +145,9 @@ class PretrainedVLA:
         if model.checkpoint:
             raise ValueError("from_config builds a fresh policy; use from_pretrained for model.checkpoint")
         tokenizer = WordTokenizer.from_instructions(instructions)
-        config = config_from_model_config(model, tokenizer.vocab_size, tokenizer.eos_id)
-        spec = spec_from_openvla(config, proprio_dim=model.proprio_dim if model.use_proprio else None)
+        spec = spec_from_model_config(model, tokenizer.vocab_size, tokenizer.eos_id)
         processor = _processor(spec, tokenizer, env, None, text_budget(tokenizer, instructions, model.max_text_len))
-
-        def build(zero3_init: bool = False) -> OFTPolicy:
-            return build_policy(model, tokenizer, zero3_init)
-
-        return cls(spec, tokenizer, processor, env, build, f"a fresh model={model.name}")
+        return cls(spec, tokenizer, processor, env, f"a fresh model={model.name}")
 
     @classmethod
     def for_env(cls, model: ModelConfig, env: EnvConfig, explicit: Collection[str] = ()) -> PretrainedVLA:
@@ -167,7 +155,12 @@ class PretrainedVLA:
         key that does not fit, before any simulator starts. `explicit`: the keys the command line set (`model.*`
         ones a checkpoint contradicts are refused rather than silently replaced by the checkpoint's values)."""
         instructions = simulator(env.name).instructions(env.suite)
-        if model.checkpoint:
+        if not model.checkpoint:
+            try:
+                vla = cls.from_config(model, instructions, env.name)
+            except ValueError as err:
+                raise ConfigError(f"model={model.name}: {err}") from err
+        else:
             from vla_scale.models.hub import HubError, resolve_checkpoint
 
             try:
@@ -184,11 +177,6 @@ class PretrainedVLA:
                                           instructions=instructions)
             except (CheckpointError, FileNotFoundError, ValueError) as err:
                 raise ConfigError(f"model.checkpoint={model.checkpoint!r}: {err}") from err
-        else:
-            try:
-                vla = cls.from_config(model, instructions, env.name)
-            except ValueError as err:
-                raise ConfigError(f"model={model.name}: {err}") from err
         if model.lora.path:
             try:
                 vla = vla.with_adapters(model.lora.path)
@@ -220,25 +208,18 @@ class PretrainedVLA:
     def with_adapters(self, folder: str) -> PretrainedVLA:
         """This source with a LoRA adapter folder (PEFT layout) merged into every policy it builds (`models/lora.py`);
         the folder is read now, so a broken one is refused before anything is built."""
-        from vla_scale.models.lora import merge_adapters, read_adapters
+        from vla_scale.models.lora import read_adapters
 
         read_adapters(folder)
-        build = self._build
-
-        def merged_build(zero3_init: bool = False) -> OFTPolicy:
-            policy = build(zero3_init)
-            merge_adapters(policy, folder, zero3_init)
-            return policy
-
-        return PretrainedVLA(self.spec, self.tokenizer, self.processor, self.env, merged_build,
-                             f"{self.source} + adapters {folder}")
+        return PretrainedVLA(self.spec, self.tokenizer, self.processor, self.env, f"{self.source} + adapters {folder}",
+                             self.weights, (*self.adapters, folder))
 
     # ---- the stable surface -----------------------------------------------------------------------------------------
     @property
     def policy(self) -> OFTPolicy:
-        """The policy (built on first use, float32, eval mode)."""
+        """The policy (built on first use in torch's default dtype, eval mode)."""
         if self._policy is None:
-            self._policy = self._build(False).eval()
+            self._policy = self.new_policy().eval()
         return self._policy
 
     def save_pretrained(self, folder: str) -> None:
@@ -248,8 +229,15 @@ class PretrainedVLA:
         self.tokenizer.save(folder)
 
     def new_policy(self, zero3_init: bool = False) -> OFTPolicy:
-        """Another copy from the same source (fresh: a new random init; checkpoint: its weights again)."""
-        return self._build(zero3_init)
+        """Another copy from the same source (fresh: a new random init; checkpoint: its weights again), adapters
+        merged. `zero3_init`: the caller builds it inside `deepspeed.zero.Init`."""
+        policy = OFTPolicy.from_spec(self.spec, self.weights, zero3_init)
+        if self.adapters:
+            from vla_scale.models.lora import merge_adapters
+
+            for folder in self.adapters:
+                merge_adapters(policy, folder, zero3_init)
+        return policy
 
     @property
     def cameras(self) -> tuple[str, ...]:
@@ -276,12 +264,7 @@ class PretrainedVLA:
         policy = self.policy
         batch = self.inputs(observations)
         logits = policy(batch.to(next(policy.parameters()).device)).float()
-        if greedy:
-            tokens = logits.argmax(dim=-1)
-        else:
-            probs = torch.softmax(logits / temperature, dim=-1).reshape(-1, logits.shape[-1])
-            tokens = torch.multinomial(probs, 1, generator=generator).view(logits.shape[:-1])
-        tokens_np = tokens.cpu().numpy().astype(np.int64)
+        tokens_np = sample_bins(logits, temperature, greedy, generator).cpu().numpy().astype(np.int64)
         actions = policy.tokens_to_actions(tokens_np)
         return Prediction(tokens_np, actions, self.env_actions(actions))
 
@@ -430,6 +413,4 @@ def _processor(spec: OFTSpec, tokenizer: TextTokenizer, env: str, preprocessor: 
                max_text_len: int) -> Processor:
     """The processor of `spec` (its `unnorm_key` already resolved: `resolve_unnorm_key`)."""
     cameras = simulator(env).cameras[: spec.num_images]
-    stats = DatasetStats.from_json(spec.norm_stats[spec.unnorm_key], spec.normalization) if spec.unnorm_key else None
-    return Processor(model_config_from_spec(spec), tokenizer, cameras, stats,
-                     ImageTransform.for_spec(spec, preprocessor), max_text_len)
+    return Processor.for_spec(spec, tokenizer, cameras, preprocessor, max_text_len)

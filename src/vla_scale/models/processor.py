@@ -25,11 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vla_scale.config import ModelConfig
 from vla_scale.envs.official_images import ImagePrep, centre_crop
 from vla_scale.envs.types import Observation
 from vla_scale.models.actions import DatasetStats
-from vla_scale.models.spec import tower_specs
+from vla_scale.models.spec import OFTSpec
 from vla_scale.models.tokenizer import TextTokenizer, pad_rows, prompt_text
 from vla_scale.models.vision import ViTSpec
 
@@ -71,12 +70,7 @@ class ImageTransform:
     resize: str = "bicubic"  # or "jpeg_lanczos3" (module docstring)
 
     @classmethod
-    def for_model(cls, cfg: ModelConfig) -> ImageTransform:
-        """A fresh policy's, from the towers `cfg` describes (a checkpoint's: `for_spec`)."""
-        return cls.from_towers(tower_specs(cfg), bool(cfg.center_crop), cfg.image_resize)
-
-    @classmethod
-    def for_spec(cls, spec: Any, preprocessor: dict | None) -> ImageTransform:
+    def for_spec(cls, spec: OFTSpec, preprocessor: dict | None) -> ImageTransform:
         """A policy's (`OFTSpec`): its checkpoint's preprocessor_config.json when it has one, else its towers'."""
         if preprocessor is not None:
             return cls.from_preprocessor_config(preprocessor, spec.center_crop, spec.image_resize)
@@ -198,21 +192,29 @@ def resize_uint8(x: Tensor, size: int) -> Tensor:
 class Processor:
     """Observations (or arrays) -> PolicyInputs for one policy.
 
-    `stats`: the dataset statistics that normalise proprio (official checkpoints); None passes proprio through.
-    `cameras`: the observation images fed to the policy, in order (the first is the primary view).
-    `max_text_len`: prompt tokens after padding (None: `cfg.max_text_len`); every batch pads to it, so a row's
-    input does not depend on the rest of its batch. 0 pads each batch to its longest prompt (for one-off
-    predictions; rollouts and updates use a fixed budget, `PretrainedVLA.for_env` sizes it from the suite).
+    `transform`: camera images -> pixel values (`ImageTransform`). `cameras`: the observation images fed to the
+    policy, in order (the first is the primary view). `stats`: the dataset statistics that normalise proprio
+    (official checkpoints); None passes proprio through. `max_text_len`: prompt tokens after padding; every batch
+    pads to it, so a row's input does not depend on the rest of its batch. 0 pads each batch to its longest prompt
+    (for one-off predictions; rollouts and updates use a fixed budget, `PretrainedVLA.for_env` sizes it from the
+    suite). `for_spec` takes all but the cameras and the budget from a policy's spec.
     """
 
-    def __init__(self, cfg: ModelConfig, tokenizer: TextTokenizer, camera: str | tuple[str, ...] = "agentview",
-                 stats: DatasetStats | None = None, transform: ImageTransform | None = None,
-                 max_text_len: int | None = None):
-        self.cfg, self.tokenizer, self.stats = cfg, tokenizer, stats
-        self.cameras = (camera,) if isinstance(camera, str) else tuple(camera)
-        self.transform = transform or ImageTransform.for_model(cfg)
-        self.max_text_len = cfg.max_text_len if max_text_len is None else max_text_len
+    def __init__(self, tokenizer: TextTokenizer, transform: ImageTransform, cameras: tuple[str, ...] = ("agentview",),
+                 stats: DatasetStats | None = None, max_text_len: int = 0):
+        self.tokenizer, self.transform, self.stats = tokenizer, transform, stats
+        self.cameras = tuple(cameras)
+        self.max_text_len = max_text_len
         self._ids: dict[str, list[int]] = {}  # instruction -> prompt ids (rollouts repeat a few instructions)
+
+    @classmethod
+    def for_spec(cls, spec: OFTSpec, tokenizer: TextTokenizer, cameras: tuple[str, ...] = ("agentview",),
+                 preprocessor: dict[str, Any] | None = None, max_text_len: int = 0) -> Processor:
+        """The processor of a policy of `spec` (its `unnorm_key` resolved): its image pipeline (`preprocessor`: the
+        checkpoint's preprocessor_config.json, else its towers') and the statistics of its `unnorm_key`."""
+        stats = DatasetStats.from_json(spec.norm_stats[spec.unnorm_key], spec.normalization) if spec.unnorm_key \
+            else None
+        return cls(tokenizer, ImageTransform.for_spec(spec, preprocessor), cameras, stats, max_text_len)
 
     def __call__(self, observations: list[Observation]) -> PolicyInputs:
         images, proprio = self.prepare(observations)

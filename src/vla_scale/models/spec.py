@@ -1,8 +1,9 @@
 """What an OFT policy is, read from an OpenVLA `config.json` (official or written by us) or from a `ModelConfig`.
 
-The official `config.json` (OpenVLAConfig) is the single source of truth: a policy built from a `ModelConfig` first
-writes the config.json it would save, then reads it back like an official one. So every constant below comes from the
-config, never from a literal in the model code:
+An `OFTSpec` is all the model code reads, so every constant below comes from the spec, never from a literal in the
+model code. A checkpoint's spec is read from its `config.json` (`spec_from_openvla`), the single source of truth; a
+fresh policy's is made from its `ModelConfig` directly (`spec_from_model_config`), and `openvla_config` writes either
+back as the config.json that reads back to it. From a config.json:
   * vocabulary and action tokens: `text_config.vocab_size` is padded by `pad_to_multiple_of`; the official code takes
     `text_vocab = text_config.vocab_size - pad_to_multiple_of` (32000 for Llama-2) and the action tokens are its last
     `n_action_bins` ids; the stop token is `text_config.eos_token_id`.
@@ -97,7 +98,7 @@ class OFTSpec:
     camera_resolution: int = 0  # the side the evaluation pipeline renders at (0: any)
     use_proprio: bool = True  # feed the proprio token (False: the official discrete path, which drops it)
     norm_stats: dict[str, Any] = field(default_factory=dict)
-    raw: dict[str, Any] = field(default_factory=dict)  # the config.json read, kept for saving
+    raw: dict[str, Any] = field(default_factory=dict)  # official config.json fields kept for saving (the file read)
 
     @property
     def text_vocab(self) -> int:
@@ -240,8 +241,9 @@ def tower_specs(cfg: ModelConfig) -> list[ViTSpec]:
                     norm_features=True, mean=HALF_MEAN_STD[0], std=HALF_MEAN_STD[1])]
 
 
-def config_from_model_config(cfg: ModelConfig, text_vocab_size: int, eos_id: int) -> dict[str, Any]:
-    """The config.json of a fresh policy described by `cfg` for a tokenizer of `text_vocab_size` ids.
+def spec_from_model_config(cfg: ModelConfig, text_vocab_size: int, eos_id: int) -> OFTSpec:
+    """The spec of a fresh policy described by `cfg` for a tokenizer of `text_vocab_size` ids ending prompts with
+    `eos_id`; its `raw` holds the official OpenVLAConfig fields that `openvla_config` saves beside the rest.
 
     Vocabulary as OpenVLA lays it out: the action bins are the last `n_bins` ids of the text vocabulary (here
     appended after the tokenizer's ids, rounded up to `pad_to_multiple_of`), followed by one block of
@@ -252,19 +254,18 @@ def config_from_model_config(cfg: ModelConfig, text_vocab_size: int, eos_id: int
     if vocab - m - cfg.n_bins < text_vocab_size:
         raise ValueError(f"model.vocab_size={vocab} leaves no room for {text_vocab_size} text ids and "
                          f"{cfg.n_bins} action bins below the last {m} ids; raise it or set it to 0")
-    text_config = {"model_type": "llama", "vocab_size": vocab, "hidden_size": cfg.hidden_size,
-                   "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
-                   "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_heads,
-                   "pad_token_id": vocab - m, "eos_token_id": eos_id}
-    spec = OFTSpec(towers=tower_specs(cfg), llm=_llm_kwargs(text_config, vocab - m), pad_to_multiple_of=m,
-                   n_bins=cfg.n_bins, chunk_len=cfg.chunk_len, action_dim=cfg.action_dim,
+    text_config = {"vocab_size": vocab, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+                   "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+                   "num_key_value_heads": cfg.num_heads, "pad_token_id": vocab - m, "eos_token_id": eos_id}
+    llm, raw = _llm_kwargs(text_config, vocab - m), _official_fields(cfg)
+    spec = OFTSpec(towers=tower_specs(cfg), llm=llm, pad_to_multiple_of=m, n_bins=cfg.n_bins,
+                   chunk_len=cfg.chunk_len, action_dim=cfg.action_dim,
                    proprio_dim=cfg.proprio_dim if cfg.use_proprio else 0, normalization="bounds_q99",
                    attention=cfg.attention, learned_action_queries=cfg.learned_action_queries,
                    ordinal_bin_init=cfg.ordinal_bin_init, center_crop=bool(cfg.center_crop),
-                   unnorm_key=cfg.unnorm_key, num_images=cfg.num_images or 1, image_resize=cfg.image_resize,
-                   raw=_official_fields(cfg))
+                   unnorm_key=cfg.unnorm_key, num_images=cfg.num_images or 1, image_resize=cfg.image_resize, raw=raw)
     _check(spec)
-    return openvla_config(spec)
+    return spec
 
 
 def _official_fields(cfg: ModelConfig) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from vla_scale.algo import logprobs_from_logits
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
+from vla_scale.models.sampling import sample_bins
 from vla_scale.parallel.sync.checksum import weights_checksum
 from vla_scale.parallel.sync.spans import span
 from vla_scale.rollout.fast_forward import FastForward
@@ -152,12 +153,7 @@ class RolloutEngine:
                                "(after resume_memory_occupation every weight must be pushed again)")
         lengths = batch.attention_mask.sum(dim=1).tolist() if batch.attention_mask.device.type == "cpu" else None
         raw = self.logits(self.inputs(batch), lengths)  # lengths from the host: no wait for the copies to the GPU
-        logits = raw / temperature
-        if greedy:
-            tokens = logits.argmax(dim=-1)
-        else:
-            probs = torch.softmax(logits, dim=-1).reshape(-1, logits.shape[-1])
-            tokens = torch.multinomial(probs, 1, generator=self.generator).view(logits.shape[:-1])
+        tokens = sample_bins(raw, temperature, greedy, self.generator)
         # the same function the trainer recomputes them with, so both agree bitwise
         logprobs = logprobs_from_logits(raw, tokens, temperature)
         tokens_np = tokens.cpu().numpy()

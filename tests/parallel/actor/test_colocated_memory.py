@@ -9,6 +9,7 @@ from vla_scale.batches import MicroBatch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer, build_policy
+from vla_scale.models.spec import spec_from_model_config
 from vla_scale.models.vision import Block
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.checksum import weights_checksum
@@ -19,13 +20,14 @@ from vla_scale.run_setup import init_distributed
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=2, num_heads=2,
                   intermediate_size=64, chunk_len=4)
 TOK = WordTokenizer.from_instructions(instructions())
+SPEC = spec_from_model_config(CFG, TOK.vocab_size, TOK.eos_id)
 
 
 def _batch(seed: int):
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
     proprio = rng.uniform(-1, 1, (4, CFG.proprio_dim)).astype(np.float32)
-    return Processor(CFG, TOK).from_arrays(images, [instructions()[seed % 3]] * 4, proprio)
+    return Processor.for_spec(SPEC, TOK).from_arrays(images, [instructions()[seed % 3]] * 4, proprio)
 
 
 def _micro_batches(seed: int):

@@ -11,6 +11,7 @@ from vla_scale.batches import MicroBatch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer, build_policy
+from vla_scale.models.spec import spec_from_model_config
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.checksum import weights_checksum
 from vla_scale.parallel.sync.weight_sync import gathered_buckets
@@ -19,6 +20,7 @@ from vla_scale.run_setup import init_distributed
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=2, num_heads=2,
                   intermediate_size=64, chunk_len=4)
 TOK = WordTokenizer.from_instructions(instructions())
+SPEC = spec_from_model_config(CFG, TOK.vocab_size, TOK.eos_id)
 ALGO = AlgoConfig(micro_batches=2, tis_cap=1.5, old_logprobs="recompute", temperature=1.3)
 
 
@@ -32,7 +34,7 @@ def micro_batch(seed: int, rows: int = 4) -> MicroBatch:
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (rows, 32, 32, 3), dtype=np.uint8)
     proprio = rng.uniform(-1, 1, (rows, CFG.proprio_dim)).astype(np.float32)
-    inputs = Processor(CFG, TOK, max_text_len=40).from_arrays(images, texts(rows), proprio)  # a suite's budget
+    inputs = Processor.for_spec(SPEC, TOK, max_text_len=40).from_arrays(images, texts(rows), proprio)  # suite budget
     k = CFG.chunk_len * 7
     tokens = torch.from_numpy(rng.integers(0, 256, (rows, k)))
     rollout = torch.from_numpy(rng.normal(-5.5, 0.3, (rows, k)).astype(np.float32))  # the engine's, not the actor's
