@@ -1,15 +1,14 @@
 """One full GRPO step on LIBERO-Spatial through the real entry script (the shipped `libero_spatial` config, shrunk):
-2 LIBERO simulator processes, Ray, DeepSpeed ZeRO-3, evaluation with a video, TensorBoard."""
+2 LIBERO simulator processes, DeepSpeed ZeRO-3, evaluation with a video, TensorBoard."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY_MODEL, read_scalars
+from conftest import TINY_MODEL, read_scalars, script_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
@@ -22,7 +21,7 @@ SMALL = [
 
 @pytest.mark.slow
 def test_one_grpo_step_on_libero_spatial(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    env = script_env()  # without the process-group variables an in-process test may have left
     cmd = [sys.executable, str(ROOT / "launch" / "train.py"), "--config-name", "libero_spatial", *SMALL, "steps=1",
            "eval_every=1", "save_every=0", f"run_dir={tmp_path}"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -1,4 +1,5 @@
-"""The real entry script, end to end: launch/train.py with a tiny config (real MuJoCo, Ray, DeepSpeed, TensorBoard)."""
+"""The real entry script, end to end: launch/train.py with a tiny config (real MuJoCo, DeepSpeed, TensorBoard; Ray
+where sim workers are its actors)."""
 
 import shutil
 import subprocess
@@ -17,13 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_simplevla_rl_loss_options_train(tmp_path):
     """Old log-probs recomputed by the actor with truncated IS weights, episodes weighted equally, two mini-batches:
     the mismatch is measured over every token (CPU float32: the same function on both sides), and reading the first
-    mini-batch's old log-probs off its own update forward trains exactly as recomputing them in a pass first."""
+    mini-batch's old log-probs off its own update forward trains exactly as recomputing them in a pass first. The
+    second run's sim workers are Ray actors (a local Ray started for them), which plays the same episodes."""
     runs = {}
-    for from_update in ("true", "false"):
+    for from_update, in_trainer in (("true", "true"), ("false", "false")):
         run = tmp_path / from_update
         train_ok("steps=2", "eval_every=10", "save_every=0", "algo.old_logprobs=recompute", "algo.tis_cap=2",
                  "algo.loss_agg=trajectory_mean", "algo.mini_batches=2", f"algo.old_logprobs_from_update={from_update}",
-                 f"run_dir={run}")
+                 f"env.sim_workers_in_trainer={in_trainer}", f"run_dir={run}")
         runs[from_update] = read_scalars(str(run / "tb"))
     scalars = runs["true"]
     assert [s for s, _ in scalars["train/policy_loss"]] == [1, 2]
