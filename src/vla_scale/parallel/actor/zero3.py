@@ -26,6 +26,10 @@ from vla_scale.models.vision import Block
 from vla_scale.parallel.actor.optimizer_states import OptimizerStates, stream_states_through_step
 
 
+REDUCE_BUCKET_SIZE = 500_000_000
+"""DeepSpeed's default gradient reduce bucket, in elements."""
+
+
 def deepspeed_config(ds: DeepSpeedConfig, algo: AlgoConfig) -> dict[str, Any]:
     """The DeepSpeed JSON config for the actor."""
     zero: dict[str, Any] = {"stage": ds.zero_stage}
@@ -87,6 +91,7 @@ class Actor:
         fused = torch.cuda.is_available() and not ds.offload_optimizer
         trained = [p for p in policy.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trained, lr=algo.lr, weight_decay=algo.weight_decay, fused=fused or None)
+        self._cap_reduce_bucket(sum(getattr(p, "ds_numel", p.numel()) for p in trained))
         self.engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=self.ds_config)
         self.zero_stage = ds.zero_stage
         self.states_offloaded = False
@@ -94,6 +99,13 @@ class Actor:
         self.streams_states = False
         self._stream_hooks = False
         self.configure(ds, algo)
+
+    def _cap_reduce_bucket(self, trained_numel: int) -> None:
+        """A gradient reduce bucket no larger than the gradients it can hold: DeepSpeed allocates its bucket
+        (`reduce_bucket_size` elements, 5e8 unless set) whole, 1.9 GiB in fp32 even for a model of a few thousand
+        parameters; every model of 5e8 trained parameters or more keeps DeepSpeed's size."""
+        zero = self.ds_config["zero_optimization"]
+        zero["reduce_bucket_size"] = min(REDUCE_BUCKET_SIZE, max(trained_numel, 1))
 
     def configure(self, ds: DeepSpeedConfig, algo: AlgoConfig) -> None:
         """The settings of how updates run that may change between updates: the loss's (`algo`), prompt trimming and
