@@ -25,7 +25,6 @@ from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.models.vision import Block
 from vla_scale.parallel.actor.optimizer_states import OptimizerStates, stream_states_through_step
 
-
 REDUCE_BUCKET_SIZE = 500_000_000
 """DeepSpeed's default gradient reduce bucket, in elements."""
 
