@@ -6,6 +6,7 @@ Every function is pure (no state, no I/O) and imports only torch, so the math ca
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 
 import torch
@@ -298,3 +299,24 @@ def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
     p = logp.exp()
     safe_logp = torch.where(p > 0, logp, torch.zeros_like(logp))
     return -(p * safe_logp).sum(dim=-1)
+
+
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def gaussian_logprobs(mean: Tensor, log_std: Tensor, samples: Tensor) -> Tensor:
+    """log N(x; mean, exp(log_std)^2) per dimension, float32 [...]: -((x - mean) / std)^2 / 2 - log_std - log(2 pi) / 2.
+
+    The L1 head's Gaussian policy: `mean` [..., K] from the head, `log_std` [..., K] (state-independent, broadcast),
+    `samples` [..., K] the drawn normalised actions (before any clipping for the env, so the density is of what was
+    drawn)."""
+    if samples.shape != mean.shape:
+        raise ValueError(f"samples shape {tuple(samples.shape)} must equal mean's {tuple(mean.shape)}")
+    log_std = log_std.float()
+    z = (samples.float() - mean.float()) * torch.exp(-log_std)
+    return -0.5 * z.square() - log_std - _HALF_LOG_2PI
+
+
+def gaussian_entropy(log_std: Tensor) -> Tensor:
+    """Differential entropy of each dimension's Gaussian, float32: log_std + log(2 pi e) / 2."""
+    return log_std.float() + _HALF_LOG_2PI + 0.5

@@ -16,6 +16,7 @@ from vla_scale.envs.simulator import Simulator
 CHOICES: dict[str, tuple[Any, ...]] = {
     "algo.name": ("grpo",),
     "model.attention": ("bidirectional", "causal"),
+    "model.action_head": ("auto", "tokens", "l1"),
     "env.eval_protocol": ("held_out", "published"),
     "model.image_resize": ("bicubic", "jpeg_lanczos3"),
     "deepspeed.zero_stage": (0, 1, 2, 3),
@@ -35,6 +36,7 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     **{f"model.{k}": AT_LEAST_0 for k in ("ordinal_bin_init", "max_text_len", "vocab_size", "num_images",
                                          "lora.rank")},
     "model.lora.alpha": POSITIVE,
+    "model.action_log_std_init": (">= -10", -10, True),
     "env.rollout.pipeline_stage_num": AT_LEAST_1,
     "env.disagg_sim.nnodes": AT_LEAST_1,
     **{f"env.{k}": AT_LEAST_1 for k in ("num_tasks", "num_eval_init_states", "num_workers", "sims_per_worker",
@@ -60,8 +62,9 @@ split is >= 1 wherever zero has no meaning; a simulator's own keys come from its
 keeps every int and float field listed here."""
 
 UPPER: dict[str, tuple[float, bool]] = {"algo.clip_low": (1.0, False), "algo.filter_low": (1.0, True),
-                                         "algo.filter_high": (1.0, True)}
-"""Keys that must also stay below a limit: (limit, limit allowed); a clip_low of 1 would make the ratio floor 0."""
+                                         "algo.filter_high": (1.0, True), "model.action_log_std_init": (2.0, True)}
+"""Keys that must also stay below a limit: (limit, limit allowed); a clip_low of 1 would make the ratio floor 0, a
+log-std above 2 spreads the Gaussian far beyond the normalised action range [-1, 1]."""
 
 
 def value_at(cfg: Any, key: str) -> Any:

@@ -107,6 +107,13 @@ class ModelConfig:
     unnorm_key: str = ""
     """Dataset of the checkpoint's norm_stats that normalises proprio and un-normalises actions ('': the only one;
     a checkpoint with several needs it named, e.g. libero_spatial_no_noops)."""
+    action_head: str = "auto"
+    """How actions are read from the backbone's action rows: tokens (the LM head's action bins, a categorical per
+    dimension), l1 (OpenVLA-OFT's L1-regression MLP head; RL samples a Gaussian around it) or auto (a checkpoint
+    folder's own: l1 when it holds an action_head--*_checkpoint.pt, else tokens; tokens for a fresh policy)."""
+    action_log_std_init: float = -1.0
+    """The l1 head's Gaussian: initial log-std of every action dimension in the normalised action space (learned
+    during RL; a checkpoint that saved its log-std keeps its own)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA: the adapters the actor trains (rank 0: none) and adapters to merge on load."""
 

@@ -2,9 +2,10 @@
 
 A folder holds `config.json` (OpenVLAConfig fields, plus our `vla_scale` section when we wrote it),
 `model.safetensors` or shards with `model.safetensors.index.json` (official parameter names, which are ours too),
-`proprio_projector--<step>_checkpoint.pt` (a plain state dict, keys possibly prefixed `module.` by DDP, loaded with
-`torch.load(weights_only=True)`), `dataset_statistics.json` and `preprocessor_config.json`. The official `.py`
-files that `trust_remote_code` would import are never needed.
+`proprio_projector--<step>_checkpoint.pt` and, for an L1-regression fine-tune, `action_head--<step>_checkpoint.pt`
+(plain state dicts, keys possibly prefixed `module.` by DDP, loaded with `torch.load(weights_only=True)`),
+`dataset_statistics.json` and `preprocessor_config.json`. The official `.py` files that `trust_remote_code` would
+import are never needed.
 
 `read_spec` gives a folder's `OFTSpec`; `models/policy.build_policy` builds the policy of that spec without random
 init and `load_weights` copies the folder's tensors in. Under ZeRO-3 (`zero3_init=True`, built inside
@@ -29,6 +30,10 @@ from vla_scale.models.spec import OFTSpec, openvla_config, spec_from_openvla
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 STATS, PREPROCESSOR = "dataset_statistics.json", "preprocessor_config.json"
 PROPRIO_PREFIX = "proprio_projector."
+HEAD_PREFIX = "action_head."
+"""Our parameter names of the L1-regression head (`models/action_heads.py`); its side file holds them without it."""
+OPTIONAL = ("action_noise.log_std",)
+"""Parameters a folder may lack, kept at their init: an official L1 fine-tune has no Gaussian log-std (RL adds it)."""
 RUN_CHECKPOINTS, LATEST = "checkpoints", "latest"
 """A training run directory keeps its step folders in `checkpoints/`; `checkpoints/latest` names the newest complete
 one (`vla_scale.checkpoint` writes them)."""
@@ -61,6 +66,32 @@ def load_proprio_state(path: str) -> dict[str, torch.Tensor] | None:
     if file is None:
         return None
     state = torch.load(file, map_location="cpu", weights_only=True)
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def action_head_files(path: str) -> list[str]:
+    """The folder's `action_head--<step>_checkpoint.pt` files (an L1-regression or diffusion head)."""
+    return sorted(glob.glob(os.path.join(path, "action_head--*checkpoint.pt")))
+
+
+def diffusion_files(path: str) -> list[str]:
+    """`noisy_action_projector--*` files: only OpenVLA-OFT's diffusion recipe (`use_diffusion`) saves them."""
+    return sorted(glob.glob(os.path.join(path, "noisy_action_projector--*checkpoint.pt")))
+
+
+def load_action_head_state(path: str) -> dict[str, torch.Tensor] | None:
+    """The action head's state dict by its module's names (`model.fc1.weight`, ...; a DDP `module.` prefix
+    dropped), or None when the folder has no head file. More than one file is an error (which one trained with the
+    weights beside it cannot be told)."""
+    files = action_head_files(path)
+    if not files:
+        return None
+    if len(files) > 1:
+        raise ValueError(f"{path} holds {len(files)} action head files ({', '.join(map(os.path.basename, files))}): "
+                         "keep the one that belongs to this folder's weights")
+    state = torch.load(files[0], map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise ValueError(f"{files[0]} is not a state dict of tensors")
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 
@@ -109,6 +140,8 @@ def iter_tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     proprio = load_proprio_state(path)
     for name, tensor in (proprio or {}).items():
         yield PROPRIO_PREFIX + name, tensor
+    for name, tensor in (load_action_head_state(path) or {}).items():
+        yield HEAD_PREFIX + name, tensor
 
 
 def load_weights(policy: torch.nn.Module, path: str, zero3_init: bool = False) -> None:
@@ -120,7 +153,8 @@ def load_weights(policy: torch.nn.Module, path: str, zero3_init: bool = False) -
 
 
 def copy_tensors(module: torch.nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], zero3: bool) -> None:
-    """Copy named tensors into `module`'s parameters; raise naming what is missing, unexpected or misshaped."""
+    """Copy named tensors into `module`'s parameters; raise naming what is missing (but `OPTIONAL`), unexpected or
+    misshaped."""
     params = dict(module.named_parameters())
     seen: set[str] = set()
     for name, tensor in tensors:
@@ -128,7 +162,7 @@ def copy_tensors(module: torch.nn.Module, tensors: Iterator[tuple[str, torch.Ten
             raise KeyError(f"checkpoint tensor {name!r} has no parameter in the policy (architecture mismatch)")
         _copy_one(name, params[name], tensor, zero3)
         seen.add(name)
-    missing = sorted(set(params) - seen)
+    missing = sorted(set(params) - seen - set(OPTIONAL))
     if missing:
         raise KeyError(f"checkpoint lacks {len(missing)} parameters of the policy, e.g. {missing[:5]}")
 
@@ -164,13 +198,15 @@ def write_folder(state: dict[str, torch.Tensor], spec: OFTSpec, preprocessor: di
     dataset statistics and the preprocessor config. The tokenizer files are the tokenizer's to write."""
     os.makedirs(path, exist_ok=True)
     state = dict(state)
-    proprio = {"module." + n.removeprefix(PROPRIO_PREFIX): state.pop(n) for n in list(state)
-               if n.startswith(PROPRIO_PREFIX)}
+    sides = {prefix: {"module." + n.removeprefix(prefix): state.pop(n) for n in list(state) if n.startswith(prefix)}
+             for prefix in (PROPRIO_PREFIX, HEAD_PREFIX)}
     _save_shards(state, path, int(max_shard_gb * 2**30))
-    for old in glob.glob(os.path.join(path, "proprio_projector--*checkpoint.pt")):
-        os.remove(old)
-    if proprio:
-        torch.save(proprio, os.path.join(path, "proprio_projector--latest_checkpoint.pt"))
+    for prefix, side in sides.items():  # the official side files: DDP-prefixed state dicts
+        stem = prefix.removesuffix(".")
+        for old in glob.glob(os.path.join(path, f"{stem}--*checkpoint.pt")):
+            os.remove(old)
+        if side:
+            torch.save(side, os.path.join(path, f"{stem}--latest_checkpoint.pt"))
     config = openvla_config(spec)
     config["torch_dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
     _write_json(os.path.join(path, CONFIG), config)

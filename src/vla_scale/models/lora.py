@@ -33,6 +33,9 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 NOT_ADAPTED = ("lm_head",)  # its action rows are what the loss reads: trained or frozen whole, never low-rank
+FULLY_TRAINED = ("action_head", "action_noise")
+"""Parts a LoRA run trains whole, never low-rank: the L1 head and its Gaussian's log-std (small; OpenVLA-OFT's LoRA
+fine-tuning trains its action head whole too)."""
 
 
 class LoRAFactor(nn.Module):
@@ -69,20 +72,22 @@ def targets(policy: nn.Module, names: list[str]) -> list[tuple[str, nn.Linear]]:
     chosen = []
     for path, module in policy.named_modules():
         last = path.rsplit(".", 1)[-1]
-        if type(module) is nn.Linear and last not in NOT_ADAPTED and (LORA_ALL_LINEAR in names or last in names):
+        whole = path.split(".", 1)[0] in FULLY_TRAINED
+        if type(module) is nn.Linear and not whole and last not in NOT_ADAPTED and (LORA_ALL_LINEAR in names or
+                                                                                   last in names):
             chosen.append((path, module))
     return chosen
 
 
 def add_adapters(policy: nn.Module, lora: LoraConfig) -> list[str]:
-    """Give the layers `lora.target_modules` selects adapters of rank `lora.rank` and freeze every other parameter;
-    returns the adapted layers' names. Under ZeRO-3 call it inside the `zero.Init` the policy was built in (its
+    """Give the layers `lora.target_modules` selects adapters of rank `lora.rank` and freeze every other parameter
+    but the `FULLY_TRAINED` parts; returns the adapted layers' names. Under ZeRO-3 call it inside the `zero.Init` the policy was built in (its
     weights then are shards: the shapes come from `ds_shape`), so the adapters are built as shards too."""
     chosen = targets(policy, lora.target_modules)
     if not chosen:
         raise ValueError(f"model.lora.target_modules={lora.target_modules} selects no linear layer of this policy")
-    for param in policy.parameters():
-        param.requires_grad_(False)
+    for name, param in policy.named_parameters():
+        param.requires_grad_(name.split(".", 1)[0] in FULLY_TRAINED)
     for _, module in chosen:
         out_features, in_features = getattr(module.weight, "ds_shape", module.weight.shape)
         device, dtype = module.weight.device, module.weight.dtype

@@ -28,6 +28,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from vla_scale.config import ModelConfig
+from vla_scale.models.action_heads import ActionLogStd, L1RegressionHead, distribution, executable
 from vla_scale.models.actions import ActionTokenizer, DatasetStats
 from vla_scale.models.checkpoint_io import load_weights, read_proprio_dim, read_spec, save_policy
 from vla_scale.models.processor import ImageTransform, PolicyInputs, Processor
@@ -142,6 +143,13 @@ class OFTPolicy(nn.Module):
         self.proprio_projector = ProprioProjector(spec.proprio_dim, llm.hidden_size) if spec.proprio_dim else None
         k = spec.num_action_tokens
         self.action_queries = ActionQueries(k, llm.hidden_size) if spec.learned_action_queries else None
+        l1 = spec.action_head == "l1"
+        self.action_head = L1RegressionHead(llm.hidden_size, spec.chunk_len, spec.action_dim) if l1 else None
+        self.action_noise = ActionLogStd(spec.action_dim, spec.log_std_init) if l1 else None
+        if l1:  # the L1 head reads the hidden states: the LM head never runs, so it has nothing to learn
+            self.language_model.lm_head.requires_grad_(False)
+        self.distribution = distribution(spec.action_head)
+        """Samples, log-probs and entropies of what `forward` returns (`models/action_heads.py`)."""
         self.action_tokenizer = ActionTokenizer(spec.n_bins)
         self.norm_stats = {key: DatasetStats.from_json(s, spec.normalization) for key, s in spec.norm_stats.items()}
         self.preprocessor: dict[str, Any] | None = None  # the checkpoint's preprocessor_config.json, when loaded
@@ -241,19 +249,38 @@ class OFTPolicy(nn.Module):
         None for no proprio token (also ignored when the policy has no proprio projector). `full_vocab=True` returns
         the logits over the whole vocabulary instead (what the official decode takes its argmax over).
         """
+        logits = self.language_model.lm_head(self.action_hidden_states(pixel_values, input_ids, attention_mask,
+                                                                        proprio))
+        if not full_vocab:
+            logits = logits[..., self.spec.action_token_begin : self.spec.action_token_begin + self.spec.n_bins]
+        return logits.float()
+
+    def action_hidden_states(self, pixel_values: Tensor, input_ids: Tensor, attention_mask: Tensor,
+                             proprio: Tensor | None = None) -> Tensor:
+        """The Llama backbone's last hidden states [B, chunk*action_dim, D] at the rows the action slots are read
+        from (one row before each slot: the official `NUM_PATCHES + NUM_PROMPT_TOKENS` onwards), what the LM head
+        and the L1-regression head both take."""
         dtype = self.projector.fc1.weight.dtype
         prefix = self.prefix_embeddings(pixel_values, proprio, self.vision_backbone)
         embeds, valid, rows = self._sequence(prefix, input_ids, attention_mask)
         out = self.language_model.model(inputs_embeds=embeds, attention_mask=self._attention_bias(valid, dtype),
                                         use_cache=False)
-        hidden = out.last_hidden_state.gather(1, rows.unsqueeze(-1).expand(-1, -1, embeds.shape[-1]))
-        logits = self.language_model.lm_head(hidden)
-        if not full_vocab:
-            logits = logits[..., self.spec.action_token_begin : self.spec.action_token_begin + self.spec.n_bins]
-        return logits.float()
+        return out.last_hidden_state.gather(1, rows.unsqueeze(-1).expand(-1, -1, embeds.shape[-1]))
 
     def forward(self, inputs: PolicyInputs) -> Tensor:
-        return self.action_logits(inputs.pixel_values, inputs.input_ids, inputs.attention_mask, inputs.proprio)
+        """The action head's distribution parameters per action dimension: bin logits float32[B, K, n_bins]
+        (tokens) or (mean, log-std) float32[B, K, 2] (l1), K = chunk*action_dim."""
+        if self.action_head is None:
+            return self.action_logits(inputs.pixel_values, inputs.input_ids, inputs.attention_mask, inputs.proprio)
+        return self.head_params(self.action_hidden_states(inputs.pixel_values, inputs.input_ids,
+                                                          inputs.attention_mask, inputs.proprio))
+
+    def head_params(self, hidden: Tensor) -> Tensor:
+        """The L1 head's Gaussian [B, K, 2] (mean, log-std) from the action rows' hidden states [B, K, D]."""
+        assert self.action_head is not None and self.action_noise is not None
+        mean = self.action_head(hidden).float()
+        log_std = self.action_noise(self.spec.chunk_len).float()
+        return torch.stack([mean, log_std.expand_as(mean)], dim=-1)
 
     def _sequence(self, prefix: Tensor, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Input embeddings [B, T, D], key validity bool[B, T] and the logit rows int64[B, K] (module docstring)."""
@@ -302,12 +329,19 @@ class OFTPolicy(nn.Module):
             raise KeyError(f"unnorm_key={key!r} not in the policy's datasets {sorted(self.norm_stats)}")
         return self.norm_stats[key]
 
-    def tokens_to_actions(self, bin_ids: np.ndarray, unnorm_key: str | None = None) -> np.ndarray:
-        """Bin indices [B, chunk*action_dim] -> actions float64[B, chunk, action_dim], un-normalised with the
-        dataset statistics (normalised to [-1, 1] when the policy has none)."""
-        normalized = self.action_tokenizer.to_actions(bin_ids).reshape(-1, self.spec.chunk_len, self.spec.action_dim)
+    def tokens_to_actions(self, samples: np.ndarray, unnorm_key: str | None = None, greedy: bool = True
+                          ) -> np.ndarray:
+        """One sample per action dimension [B, chunk*action_dim] (bin indices, or the l1 head's normalised values)
+        -> actions float64[B, chunk, action_dim], un-normalised with the dataset statistics (normalised when the
+        policy has none). The l1 head's values stay float32 until un-normalised, as the official code has them;
+        sampled ones (`greedy=False`) are clipped to [-1, 1] first (`action_heads.executable`)."""
+        shape = (-1, self.spec.chunk_len, self.spec.action_dim)
+        if self.action_head is None:
+            normalized = self.action_tokenizer.to_actions(samples).reshape(shape)
+        else:
+            normalized = executable(np.asarray(samples, dtype=np.float32).reshape(shape), greedy)
         stats = self.dataset_stats(unnorm_key)
-        return normalized if stats is None else stats.unnormalize_actions(normalized)
+        return normalized.astype(np.float64) if stats is None else stats.unnormalize_actions(normalized)
 
     def normalize_proprio(self, raw: np.ndarray, unnorm_key: str | None = None) -> np.ndarray:
         """Raw proprio [..., d] -> [-1, 1] with the dataset's bounds (official BOUNDS_Q99 / BOUNDS)."""

@@ -35,10 +35,14 @@ import torch
 from vla_scale.config import ConfigError, EnvConfig, ModelConfig
 from vla_scale.envs.registry import simulator
 from vla_scale.envs.types import Observation
+from vla_scale.models.action_heads import l1_head_shapes
 from vla_scale.models.checkpoint_io import (
     CONFIG,
     PREPROCESSOR,
     STATS,
+    action_head_files,
+    diffusion_files,
+    load_action_head_state,
     proprio_projector_file,
     read_proprio_dim,
     read_spec,
@@ -47,11 +51,11 @@ from vla_scale.models.checkpoint_io import (
 )
 from vla_scale.models.policy import OFTPolicy
 from vla_scale.models.processor import PolicyInputs, Processor
-from vla_scale.models.sampling import sample_bins
 from vla_scale.models.spec import OFFICIAL_EVALUATION, OFTSpec, model_config_from_spec, spec_from_model_config
 from vla_scale.models.tokenizer import HFTokenizer, TextTokenizer, WordTokenizer, prompt_text
 
-CHECKPOINT_OVERRIDES = ("checkpoint", "unnorm_key", "center_crop", "use_proprio", "num_images", "max_text_len")
+CHECKPOINT_OVERRIDES = ("checkpoint", "unnorm_key", "center_crop", "use_proprio", "num_images", "max_text_len",
+                        "action_head", "action_log_std_init")
 """`model.*` keys applied on top of a checkpoint folder (the others describe a fresh policy, which a checkpoint
 replaces with its own); `model.lora.*` is not a field of the policy either."""
 
@@ -64,7 +68,8 @@ class CheckpointError(ValueError):
 class Prediction:
     """One batch of predicted chunks."""
 
-    tokens: np.ndarray  # int64[B, chunk*action_dim]: bin index 0..n_bins-1, vocabulary order
+    tokens: np.ndarray  # [B, chunk*action_dim]: int64 bin index 0..n_bins-1 in vocabulary order, or float32
+    # normalised values (l1 head)
     actions: np.ndarray  # float64[B, chunk, action_dim]: un-normalised with the dataset statistics
     env_actions: np.ndarray  # float64[B, chunk, action_dim]: after the env's post-processing
 
@@ -88,15 +93,17 @@ class PretrainedVLA:
     def from_pretrained(cls, folder: str, unnorm_key: str | None = None, center_crop: bool | None = None,
                         attention: str | None = None, *, use_proprio: bool | None = None,
                         num_images: int | None = None, env: str | None = None,
-                        suite: str | None = None, max_text_len: int = 0, instructions: list[str] | None = None
-                        ) -> PretrainedVLA:
+                        suite: str | None = None, max_text_len: int = 0, instructions: list[str] | None = None,
+                        action_head: str = "auto", log_std_init: float | None = None) -> PretrainedVLA:
         """Everything from `folder`. `unnorm_key`: the statistics of this dataset (None: the suite's, as the official
         `check_unnorm_key` finds it, else the only one). `center_crop`, `attention`: override the checkpoint's.
         `use_proprio=False` drops the proprio token, as the official discrete-token evaluation does (default: feed
         it through the checkpoint's projector). `num_images`: images per example (None: the checkpoint's own).
         `env`: the env whose cameras and action convention apply (None: the platform the statistics name, e.g.
         libero). `max_text_len`: a fixed prompt budget checked against `instructions` (0: sized to them; without
-        instructions each batch pads to its longest prompt)."""
+        instructions each batch pads to its longest prompt). `action_head`: `auto` (the folder's: `l1` with an
+        `action_head--*` file, else `tokens`) or the head expected, which must be the folder's (`folder_action_head`);
+        `log_std_init`: the l1 Gaussian's initial log-std where the folder saved none (an official fine-tune)."""
         config = check_checkpoint_folder(folder)
         problems: list[str] = []  # every problem of the folder, reported together
         tokenizer: HFTokenizer | None = None
@@ -110,9 +117,12 @@ class PretrainedVLA:
         except Exception as err:  # torch.load raises several types for a corrupt archive
             problems.append(f"{proprio_projector_file(folder)} is unreadable ({err}): the download or copy is "
                             "incomplete")
+        head, head_problems = folder_action_head(folder, action_head)
+        problems += head_problems
         overrides: dict[str, Any] = {k: v for k, v in (("center_crop", center_crop), ("attention", attention),
-                                                       ("use_proprio", use_proprio), ("num_images", num_images))
-                                     if v is not None}
+                                                       ("use_proprio", use_proprio), ("num_images", num_images),
+                                                       ("log_std_init", log_std_init)) if v is not None}
+        overrides["action_head"] = head
         if "vla_scale" not in config:  # an official folder: its evaluation's images
             overrides = {**OFFICIAL_EVALUATION, **overrides}
         try:
@@ -120,6 +130,8 @@ class PretrainedVLA:
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError("\n  - ".join([*problems, f"{folder}/{CONFIG} does not describe an OpenVLA-OFT "
                                                               f"policy: {err}"])) from err
+        if head == "l1" and not head_problems:
+            problems += head_shape_problems(folder, spec)
         try:
             unnorm_key = resolve_unnorm_key(spec, unnorm_key, suite, folder)
         except CheckpointError as err:
@@ -174,7 +186,8 @@ class PretrainedVLA:
                                           use_proprio=model.use_proprio, num_images=model.num_images or None,
                                           env=env.name,
                                           suite=env.suite, max_text_len=model.max_text_len,
-                                          instructions=instructions)
+                                          instructions=instructions, action_head=model.action_head,
+                                          log_std_init=model.action_log_std_init)
             except (CheckpointError, FileNotFoundError, ValueError) as err:
                 raise ConfigError(f"model.checkpoint={model.checkpoint!r}: {err}") from err
         if model.lora.path:
@@ -259,13 +272,13 @@ class PretrainedVLA:
     @torch.no_grad()
     def predict(self, observations: list[Observation], greedy: bool = True, temperature: float = 1.0,
                 generator: torch.Generator | None = None) -> Prediction:
-        """Decode one chunk per observation: argmax over the action bins (greedy, the RL decode) or a sample at
-        `temperature`."""
+        """Decode one chunk per observation: the mode (greedy: the argmax bins, the RL decode, or the l1 head's
+        output, as the official evaluation acts) or a sample (bins at `temperature`; the l1 head's Gaussian)."""
         policy = self.policy
         batch = self.inputs(observations)
-        logits = policy(batch.to(next(policy.parameters()).device)).float()
-        tokens_np = sample_bins(logits, temperature, greedy, generator).cpu().numpy().astype(np.int64)
-        actions = policy.tokens_to_actions(tokens_np)
+        params = policy(batch.to(next(policy.parameters()).device)).float()
+        tokens_np = policy.distribution.sample(params, temperature, greedy, generator).cpu().numpy()
+        actions = policy.tokens_to_actions(tokens_np, greedy=greedy)
         return Prediction(tokens_np, actions, self.env_actions(actions))
 
     # ---- fitting the env -------------------------------------------------------------------------------------------
@@ -315,9 +328,11 @@ class PretrainedVLA:
         crop = ", centre crop" if spec.center_crop else ""
         proprio = f"{spec.proprio_dim}-d proprio" if spec.proprio_dim and spec.use_proprio else "no proprio"
         stats = f"statistics {spec.unnorm_key!r}" if spec.unnorm_key else "no statistics"
+        head = ("action head l1 (L1-regression MLP; RL: Gaussian around it)" if spec.action_head == "l1" else
+                "action head tokens (LM-head bins)")
         budget = f"prompts of up to {self.max_text_len} tokens" if self.max_text_len else "prompts padded per batch"
         return (f"{self.source}: images {'+'.join(self.cameras)} {render}{crop}; "
-                f"{proprio}; {budget} ({type(self.tokenizer).__name__}); {stats}; {self.convention} actions -> "
+                f"{proprio}; {budget} ({type(self.tokenizer).__name__}); {stats}; {head}; {self.convention} actions -> "
                 f"{self.env}")
 
     def model_config(self, base: ModelConfig) -> ModelConfig:
@@ -363,6 +378,50 @@ def check_checkpoint_folder(folder: str) -> dict[str, Any]:
         except Exception as err:  # safetensors raises its own error type for a truncated or corrupt file
             raise CheckpointError(f"{file} is unreadable ({err}): the download or copy is incomplete") from err
     return config
+
+
+def folder_action_head(folder: str, requested: str = "auto") -> tuple[str, list[str]]:
+    """The action head a checkpoint folder was trained with (`l1` when it holds an `action_head--*` file, else
+    `tokens`) and, when it cannot be used as `requested` (`auto`, `tokens` or `l1`), the problems: a diffusion head,
+    two head files, or a head other than the one asked for. Token GRPO on an L1 fine-tune would train LM-head bins
+    that fine-tune never trained, so it is refused rather than run."""
+    heads, diffusion = action_head_files(folder), diffusion_files(folder)
+    if diffusion:
+        return "l1", [f"{folder} is a diffusion-head fine-tune (OpenVLA-OFT's use_diffusion recipe: "
+                      f"{os.path.basename(diffusion[0])}, a DDIM noise-prediction head), which is not supported: "
+                      "use an L1-regression fine-tune (model.action_head=l1) or a token-head one "
+                      "(model.action_head=tokens)"]
+    if len(heads) > 1:
+        return "l1", [f"{folder} holds {len(heads)} action head files ({', '.join(map(os.path.basename, heads))}): "
+                      "keep the one that was saved with its weights"]
+    head = "l1" if heads else "tokens"
+    if requested in ("auto", head):
+        return head, []
+    if requested == "tokens":
+        return head, [f"model.action_head=tokens but {folder} is an L1-regression fine-tune "
+                      f"({os.path.basename(heads[0])}): its LM-head action bins were never trained. Either keep its "
+                      "head (model.action_head=l1 or auto: evaluation as the official pipeline, RL with a Gaussian "
+                      "around it) or start token GRPO from a token-head SFT checkpoint (e.g. SimpleVLA-RL's)"]
+    return head, [f"model.action_head=l1 but {folder} holds no action_head--*_checkpoint.pt: it decodes with its "
+                  "LM-head bins (model.action_head=tokens or auto); an L1 head made up here would be untrained"]
+
+
+def head_shape_problems(folder: str, spec: OFTSpec) -> list[str]:
+    """Every way the folder's L1 head file does not fit its model (names, shapes), or cannot be read."""
+    try:
+        state = load_action_head_state(folder)
+    except Exception as err:  # torch.load raises several types for a corrupt archive
+        return [f"{action_head_files(folder)[0]} is unreadable ({err}): the download or copy is incomplete"]
+    assert state is not None
+    want = l1_head_shapes(int(spec.llm["hidden_size"]), spec.chunk_len, spec.action_dim)
+    got = {name: tuple(t.shape) for name, t in state.items()}
+    if got == want:
+        return []
+    wrong = [f"{n} {got.get(n)} (expected {want.get(n)})" for n in sorted(set(want) | set(got))
+             if got.get(n) != want.get(n)]
+    return [f"{action_head_files(folder)[0]} does not fit the model beside it (hidden size "
+            f"{spec.llm['hidden_size']}, {spec.action_dim}-d actions): {'; '.join(wrong[:4])}"
+            f"{f' and {len(wrong) - 4} more' if len(wrong) > 4 else ''}: it belongs to another checkpoint"]
 
 
 def resolve_unnorm_key(spec: OFTSpec, unnorm_key: str | None, suite: str | None, folder: str) -> str:

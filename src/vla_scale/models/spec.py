@@ -74,6 +74,8 @@ VISION_BACKBONES: dict[str, tuple[list[str], int, list[str | None]]] = {
 """OpenVLAConfig's vision_backbone_id -> (timm ids, image size, activation overrides)."""
 
 ATTENTION_MODES = ("bidirectional", "causal")
+ACTION_HEADS = ("tokens", "l1")
+"""What reads actions off the backbone (models/action_heads.py; `model.action_head=auto` resolves to one)."""
 
 
 @dataclass
@@ -97,6 +99,8 @@ class OFTSpec:
     image_resize: str = "bicubic"  # IMAGE_RESIZES
     camera_resolution: int = 0  # the side the evaluation pipeline renders at (0: any)
     use_proprio: bool = True  # feed the proprio token (False: the official discrete path, which drops it)
+    action_head: str = "tokens"  # models/action_heads.HEADS: the LM head's bins, or the L1-regression MLP
+    log_std_init: float = -1.0  # the l1 head's Gaussian: initial log-std per action dimension
     norm_stats: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)  # official config.json fields kept for saving (the file read)
 
@@ -183,7 +187,8 @@ def spec_from_openvla(config: dict[str, Any], proprio_dim: int | None = None, **
         norm_stats=copy.deepcopy(norm_stats),
         raw=copy.deepcopy(config),
         **constants,
-        **{k: ours[k] for k in ("attention", "learned_action_queries", "ordinal_bin_init", "unnorm_key") if k in ours},
+        **{k: ours[k] for k in ("attention", "learned_action_queries", "ordinal_bin_init", "unnorm_key",
+                                "action_head", "log_std_init") if k in ours},
     )
     spec = replace(spec, **overrides)
     _check(spec)
@@ -195,6 +200,8 @@ def _check(spec: OFTSpec) -> None:
         raise ValueError(f"attention={spec.attention!r}: choose one of {ATTENTION_MODES}")
     if spec.image_resize not in IMAGE_RESIZES:
         raise ValueError(f"image_resize={spec.image_resize!r}: choose one of {IMAGE_RESIZES}")
+    if spec.action_head not in ACTION_HEADS:
+        raise ValueError(f"action_head={spec.action_head!r}: choose one of {ACTION_HEADS}")
     if spec.num_images < 1:
         raise ValueError(f"num_images={spec.num_images} must be >= 1")
     if spec.action_token_begin < 0:
@@ -220,6 +227,7 @@ def openvla_config(spec: OFTSpec) -> dict[str, Any]:
         "attention": spec.attention, "learned_action_queries": spec.learned_action_queries,
         "ordinal_bin_init": spec.ordinal_bin_init, "center_crop": spec.center_crop, "unnorm_key": spec.unnorm_key,
         "num_images": spec.num_images, "image_resize": spec.image_resize, "camera_resolution": spec.camera_resolution,
+        "action_head": spec.action_head, "log_std_init": spec.log_std_init,
         "vision_towers": [t.to_dict() for t in spec.towers],
     }
     return config
@@ -263,7 +271,9 @@ def spec_from_model_config(cfg: ModelConfig, text_vocab_size: int, eos_id: int) 
                    proprio_dim=cfg.proprio_dim if cfg.use_proprio else 0, normalization="bounds_q99",
                    attention=cfg.attention, learned_action_queries=cfg.learned_action_queries,
                    ordinal_bin_init=cfg.ordinal_bin_init, center_crop=bool(cfg.center_crop),
-                   unnorm_key=cfg.unnorm_key, num_images=cfg.num_images or 1, image_resize=cfg.image_resize, raw=raw)
+                   unnorm_key=cfg.unnorm_key, num_images=cfg.num_images or 1, image_resize=cfg.image_resize,
+                   action_head="l1" if cfg.action_head == "l1" else "tokens", log_std_init=cfg.action_log_std_init,
+                   raw=raw)
     _check(spec)
     return spec
 
@@ -297,5 +307,6 @@ def model_config_from_spec(spec: OFTSpec, base: ModelConfig | None = None) -> Mo
         learned_action_queries=spec.learned_action_queries, ordinal_bin_init=spec.ordinal_bin_init,
         pad_to_multiple_of=spec.pad_to_multiple_of, attention=spec.attention, timm_model_ids=timm_ids,
         vocab_size=spec.llm["vocab_size"], center_crop=spec.center_crop, unnorm_key=spec.unnorm_key,
-        num_images=spec.num_images, image_resize=spec.image_resize,
+        num_images=spec.num_images, image_resize=spec.image_resize, action_head=spec.action_head,
+        action_log_std_init=spec.log_std_init,
     )

@@ -31,9 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vla_scale.algo import logprobs_from_logits
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
-from vla_scale.models.sampling import sample_bins
 from vla_scale.parallel.sync.checksum import weights_checksum
 from vla_scale.parallel.sync.spans import span
 from vla_scale.rollout.fast_forward import FastForward
@@ -44,9 +42,10 @@ PRECISIONS = ("bf16", "fp8")
 
 @dataclass
 class Decoded:
-    """One decoded batch: action-bin tokens, their log-probs under the sampling temperature, and actions."""
+    """One decoded batch: one sample per action dimension, their log-probs under the sampling distribution, and
+    actions."""
 
-    tokens: np.ndarray  # int64[B, chunk*action_dim]
+    tokens: np.ndarray  # [B, chunk*action_dim]: int64 bins (token head) or float32 normalised values (l1 head)
     logprobs: np.ndarray  # float32[B, chunk*action_dim]
     actions: np.ndarray  # float64[B, chunk, action_dim]: un-normalised with the dataset statistics (if any)
     version: int
@@ -138,7 +137,8 @@ class RolloutEngine:
         return PolicyInputs(*(self._to_device(name, t) for name, t in vars(batch).items()))
 
     def logits(self, batch: PolicyInputs, prompt_lengths: list[int] | None = None) -> Tensor:
-        """Bin logits float32[B, chunk*action_dim, n_bins] of a batch already on the device. `prompt_lengths`
+        """The action head's distribution parameters of a batch already on the device, as the policy's forward
+        gives them (bin logits float32[B, chunk*action_dim, n_bins], or the l1 head's [B, K, 2]). `prompt_lengths`
         (the fast path's packing, read from the host's copy of the mask) spares reading them back from the device."""
         if self.fast is None:
             return self.policy(batch).float()
@@ -147,17 +147,19 @@ class RolloutEngine:
 
     @torch.no_grad()
     def decode(self, batch: PolicyInputs, temperature: float, greedy: bool = False) -> Decoded:
-        """Sample (or take the argmax of) every action token of the chunk in one forward pass."""
+        """Sample (or take the mode of) every action dimension of the chunk in one forward pass."""
         if self.released or self._awaiting_sync:
             raise RuntimeError("the rollout engine holds no weights: sync them from the actor before decoding "
                                "(after resume_memory_occupation every weight must be pushed again)")
         lengths = batch.attention_mask.sum(dim=1).tolist() if batch.attention_mask.device.type == "cpu" else None
         raw = self.logits(self.inputs(batch), lengths)  # lengths from the host: no wait for the copies to the GPU
-        tokens = sample_bins(raw, temperature, greedy, self.generator)
+        dist = self.policy.distribution
+        tokens = dist.sample(raw, temperature, greedy, self.generator)
         # the same function the trainer recomputes them with, so both agree bitwise
-        logprobs = logprobs_from_logits(raw, tokens, temperature)
+        logprobs = dist.logprobs(raw, tokens, temperature)
         tokens_np = tokens.cpu().numpy()
-        return Decoded(tokens_np, logprobs.cpu().numpy(), self.policy.tokens_to_actions(tokens_np), self.version)
+        actions = self.policy.tokens_to_actions(tokens_np, greedy=greedy)
+        return Decoded(tokens_np, logprobs.cpu().numpy(), actions, self.version)
 
     @torch.no_grad()
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:

@@ -406,7 +406,8 @@ class FastForward:
 
     def forward(self, pixel_values: Tensor, input_ids: Tensor, attention_mask: Tensor, proprio: Tensor | None,
                 packing: Packing) -> Tensor:
-        """Bin logits float32[B, K, n_bins]; `packing` must be `Packing.of` the rows' prompt lengths."""
+        """Bin logits float32[B, K, n_bins] (the l1 head's [B, K, 2]); `packing` must be `Packing.of` the rows'
+        prompt lengths."""
         policy, spec = self.policy, self.policy.spec
         prefix = policy.prefix_embeddings(pixel_values, proprio, self.vision)
         x, valid, rows = policy._sequence(prefix, input_ids, attention_mask)
@@ -422,6 +423,9 @@ class FastForward:
         read = rows.index_select(0, order)
         last = self._llama_weights(layers[-1], len(layers) - 1)
         hidden = llm.norm(self._last_layer(x, read, starts, cos, sin, groups, last))
+        if policy.action_head is not None:  # the L1 head's Gaussian, from the action rows' hidden states
+            params = policy.head_params(hidden.view(b, read.shape[1], d))
+            return torch.empty_like(params).index_copy_(0, order, params)
         begin = spec.action_token_begin
         head = policy.language_model.lm_head
         bias = None if head.bias is None else head.bias[begin : begin + spec.n_bins]
@@ -431,7 +435,7 @@ class FastForward:
     @torch.no_grad()
     def __call__(self, pixel_values: Tensor, input_ids: Tensor, attention_mask: Tensor,
                  proprio: Tensor | None = None, prompt_lengths: list[int] | None = None) -> Tensor:
-        """Bin logits float32[B, chunk*action_dim, n_bins], as `OFTPolicy.action_logits` gives them.
+        """What the policy's forward gives (bin logits float32[B, chunk*action_dim, n_bins], or the l1 head's).
         `prompt_lengths` (the mask's row sums) come from the caller's host copy; without them they are read back from
         the device (one sync, before any of the forward's work is queued)."""
         lengths = attention_mask.sum(dim=1).tolist() if prompt_lengths is None else prompt_lengths

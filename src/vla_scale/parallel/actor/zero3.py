@@ -17,7 +17,7 @@ import torch
 from deepspeed.utils import set_z3_leaf_modules
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from vla_scale.algo import clipped_policy_loss, logprobs_from_logits, token_entropy, truncated_is_weights
+from vla_scale.algo import clipped_policy_loss, truncated_is_weights
 from vla_scale.batches import MicroBatch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig
 from vla_scale.models.lora import add_adapters
@@ -149,8 +149,8 @@ class Actor:
         for index, mb in enumerate(micro_batches):
             share = int(mb.mask.sum()) / tokens_total
             self.engine.set_gradient_accumulation_boundary(index == len(micro_batches) - 1)
-            logits = self._forward(mb.inputs)
-            logprobs = logprobs_from_logits(logits, mb.tokens.to(self.device), self.algo.temperature)
+            logits = self._forward(mb.inputs)  # the head's distribution parameters
+            logprobs = self.policy.distribution.logprobs(logits, mb.tokens.to(self.device), self.algo.temperature)
             old, weights = mb.old_logprobs.to(self.device), mb.weights.to(self.device)
             if old_from_forward:
                 rollout, old = old, logprobs.detach()
@@ -165,7 +165,8 @@ class Actor:
             self.engine.backward(loss, scale_wrt_gas=False)
             self.engine.step()
             with torch.no_grad():
-                entropy = token_entropy(logits.detach() / self.algo.temperature)[mask].mean().nan_to_num().item()
+                entropy = self.policy.distribution.entropy(logits.detach(), self.algo.temperature)
+                entropy = entropy[mask].mean().nan_to_num().item()
             stats["policy_loss"] += loss.item()
             stats["clip_frac"] += info["clip_frac"] * share
             stats["approx_kl"] += info["approx_kl"] * share
@@ -179,8 +180,9 @@ class Actor:
     def logprobs(self, inputs: PolicyInputs, tokens: torch.Tensor) -> torch.Tensor:
         """The actor's log-probs of `tokens` at the sampling temperature (no gradient), float32 on the CPU: the old
         log-probs of `algo.old_logprobs=recompute`. Every rank must call it equally often (ZeRO-3 gathers)."""
-        logits = self._forward(inputs)
-        return logprobs_from_logits(logits, tokens.to(self.device), self.algo.temperature).float().cpu()
+        logprobs = self.policy.distribution.logprobs(self._forward(inputs), tokens.to(self.device),
+                                                     self.algo.temperature)
+        return logprobs.float().cpu()
 
     def offload_states(self) -> None:
         """Move the optimizer's moments and fp32 master weights to CPU memory until `reload_states` (ZeRO-3).
