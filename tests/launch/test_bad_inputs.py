@@ -132,3 +132,45 @@ def test_eval_of_a_damaged_step_folder_names_the_file(run_copy, tmp_path):
     weights.write_bytes(weights.read_bytes()[:1000])  # a copy cut short
     out = refused("eval", *TINY, f"model.checkpoint={run_copy}", f"run_dir={tmp_path / 'eval'}")
     assert f"{weights} is unreadable" in out
+
+
+def l1_folder(folder: Path) -> Path:
+    """A checkpoint folder with an L1-regression head, the TINY policy's sizes (no fixture needed)."""
+    from vla_scale.config import ModelConfig
+    from vla_scale.envs.reach import instructions
+    from vla_scale.models import PretrainedVLA
+
+    tiny = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=1, vision_dim=32, num_heads=2,
+                       action_head="l1")
+    PretrainedVLA.from_config(tiny, instructions()).save_pretrained(str(folder))
+    return folder
+
+
+HEAD_CASES = [  # (id, script, what is done to the L1 folder, the command's extra overrides, phrases)
+    ("token GRPO on an L1 fine-tune", "train", None, ["model.action_head=tokens"],
+     ["model.action_head=tokens but", "is an L1-regression fine-tune", "model.action_head=l1 or auto",
+      "token-head SFT checkpoint"]),
+    ("a diffusion head", "eval", "diffusion", [], ["diffusion-head fine-tune", "DDIM noise-prediction head"]),
+    ("two head files", "train", "two", [], ["holds 2 action head files", "action_head--150000_checkpoint.pt"]),
+    ("a head of another model", "eval", "shapes", [], ["does not fit the model beside it", "model.fc1.weight"]),
+]
+
+
+@pytest.mark.parametrize("script,damage,overrides,phrases", [c[1:] for c in HEAD_CASES],
+                         ids=[c[0] for c in HEAD_CASES])
+def test_an_action_head_that_cannot_be_used_is_refused(tmp_path, script, damage, overrides, phrases):
+    import torch
+
+    folder = l1_folder(tmp_path / "checkpoint")
+    head = folder / "action_head--latest_checkpoint.pt"
+    if damage == "diffusion":
+        torch.save({}, folder / "noisy_action_projector--150000_checkpoint.pt")
+    elif damage == "two":
+        shutil.copy(head, folder / "action_head--150000_checkpoint.pt")
+    elif damage == "shapes":
+        state = torch.load(head, weights_only=True)
+        state["module.model.fc1.weight"] = torch.zeros(32, 7 * 64)
+        torch.save(state, head)
+    out = refused(script, *TINY, f"model.checkpoint={folder}", *overrides, f"run_dir={tmp_path / 'run'}")
+    for phrase in phrases:
+        assert phrase in out, out[-3000:]
