@@ -36,6 +36,10 @@ the same update runs alone on the last step's samples (the update's own figure, 
 Each phase's peak GPU memory is in the table (rollout, update, sync; the step's peak is the largest). Last line:
 `rl_step: step_speedup=<x.xx> rollout_speedup=<y.yy> update_mfu=<z.zz> peak_gib=<m>` (peak_gib: our way's).
 
+`--action-head l1` runs our way with the L1-regression head and its Gaussian (`model.action_head=l1`, a fresh head
+at the model's shape) instead of the LM head's bins; the anchors' way is then left out (they cannot train that head),
+so the two heads are compared by two runs of the same command, `--only-ours`, one per head.
+
 `--precision fp8` runs our way's rollouts on the FP8 engine (`env.rollout.precision=fp8`; the table's mismatch
 columns are then its gap to the actor, `train/mismatch_*`) and, after its steps, one rollout each with the FP8 and
 the bf16 products on the same engine and fleet settings, side by side (`rl_step rollouts fp8: ...`; with
@@ -103,6 +107,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--update-sweep", type=int, nargs="*", default=None, metavar="SAMPLES",
                    help="after the warm-up steps, only our update alone at each of these micro-batch sizes")
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"), help="our way's env.rollout.precision")
+    p.add_argument("--action-head", default="tokens", choices=("tokens", "l1"),
+                   help="model.action_head: l1 trains the L1-regression head's Gaussian (our way only: the anchors "
+                        "cannot train it)")
     p.add_argument("--dry-run", action="store_true", help="CPU, small batch: check the script end to end")
     p.add_argument("--json", default="", help="write every figure here too")
     return p.parse_args()
@@ -116,6 +123,7 @@ def trainer_config(args: argparse.Namespace, substeps: int) -> Config:
     samples = episodes * -(-args.max_steps // 8)
     overrides = [
         f"model={args.model}", "model.proprio_dim=4", f"model.lora.rank={args.lora_rank}",  # the reach task's proprio
+        f"model.action_head={args.action_head}",
         "algo=grpo", f"algo.batch_size={args.groups}", f"algo.group_size={args.group_size}",
         "algo.mini_batches=1", f"algo.micro_batches={max(1, samples // args.micro_batch)}",
         "algo.old_logprobs=recompute", "algo.old_logprobs_from_update=true", "deepspeed.stream_optimizer_states=true",
@@ -450,6 +458,8 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     args = parse()
+    if args.action_head == "l1":
+        args.only_ours = True  # the anchors' trainers decode LM-head bins only
     if args.dry_run:
         args.groups, args.group_size, args.max_steps, args.workers, args.sims = 2, 4, 16, 1, 2
         args.steps, args.micro_batch, args.warmup_steps = 1, 8, 0
@@ -468,7 +478,8 @@ def main() -> None:
     size, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (512, torch.float32)
     rate = matmul_rate(size, size, size, dtype=dtype)
     procs = trainer.fleet.num_procs
-    print(f"rl_step setup {setup_s:.1f}s: model={cfg.model.name} device={device} episodes/step="
+    print(f"rl_step setup {setup_s:.1f}s: model={cfg.model.name} action_head={cfg.model.action_head} device={device} "
+          "episodes/step="
           f"{cfg.algo.batch_size * cfg.algo.group_size} max_steps={cfg.env.max_steps} sim procs={procs} "
           f"stages={cfg.env.rollout.pipeline_stage_num} physics substeps/env step={substeps} (--sim-ms {args.sim_ms}) "
           f"matmul {rate / 1e12:.1f} TFLOP/s; decode warm-up (compile) {warm_s:.1f}s"

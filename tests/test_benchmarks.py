@@ -30,10 +30,11 @@ def test_rl_step_dry_run_prints_both_ways_and_the_last_line():
     assert any("no GPU: no memory cap" in line for line in lines)
 
 
-def test_rl_step_dry_runs_of_lora_and_the_update_sweep():
-    lines = rl_step("--lora-rank", "4", "--only-ours")
+def test_rl_step_dry_runs_of_lora_with_the_l1_head_and_the_update_sweep():
+    lines = rl_step("--lora-rank", "4", "--action-head", "l1")
     assert re.fullmatch(r"rl_step: step_speedup=nan rollout_speedup=nan update_mfu=\d+\.\d\d peak_gib=nan", lines[-1])
     assert any("update FLOPs = 2 x forward" in line for line in lines)  # no weight gradients of the frozen base
+    assert any("action_head=l1" in line for line in lines) and not any(line.startswith("| anchors |") for line in lines)
     lines = rl_step("--update-sweep", "4", "8")
     assert lines[-2:] == [line for line in lines[-2:] if re.fullmatch(r"\| [48] \| [24] \| \d+\.\d \| .*", line)]
     assert len(lines[-2:]) == 2 and lines[-3] == "|---|---|---|---|---|"

@@ -119,9 +119,12 @@ def test_every_package_says_its_idea():
 
 def test_tests_are_laid_out_as_the_packages_are():
     """Every test folder is a package of src/vla_scale (same path) or launch/ (the entry scripts, end to end); only
-    the checks of the whole repository (this file, the benchmarks' dry runs) and of top-level modules sit at the top."""
+    the checks of the whole repository (this file, the benchmarks' dry runs) and of top-level modules sit at the top;
+    tests/fixtures/ holds reference data, no tests."""
     tests = ROOT / "tests"
     folders = {str(p.relative_to(tests)) for p in tests.rglob("*") if p.is_dir() and p.name != "__pycache__"}
+    folders = {f for f in folders if f.split("/")[0] != "fixtures"}
+    assert not list((tests / "fixtures").rglob("test_*.py"))
     packages = {str(p.parent.relative_to(SRC / "vla_scale")) for p in (SRC / "vla_scale").rglob("__init__.py")}
     assert folders - packages - {"launch"} == set(), "test folders with no package of the same path"
     top_modules = {p.stem for p in (SRC / "vla_scale").glob("*.py")}

@@ -7,8 +7,9 @@ Sequence fed to the Llama backbone, per example (OFT's `predict_action` and trai
 The K = chunk_len * action_dim slots carry zero input embeddings (official) or one learned embedding each
 (`learned_action_queries`, for small policies trained from scratch); the stop token is the tokenizer's EOS. Examples
 of a batch are right-padded after their stop token, so each runs at the positions it would run at alone and padding
-is only ever a masked key. The logits of slot k are read one row earlier (next-token convention: the last prompt
-token predicts slot 0, slot k-1 predicts slot k), restricted to the `n_bins` action tokens, in vocabulary order.
+is only ever a masked key. Slot k is read one row earlier (next-token convention: the last prompt token predicts
+slot 0, slot k-1 predicts slot k): the token head's logits there, restricted to the `n_bins` action tokens in
+vocabulary order, or the L1-regression head over those rows' hidden states (`models/action_heads.py`).
 
 Attention: the official checkpoints run under the OFT transformers fork, whose SDPA path attends bidirectionally
 over the whole sequence (pad keys masked); plain transformers attends causally. Both are a 4D additive mask here,
