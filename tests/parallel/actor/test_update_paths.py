@@ -2,6 +2,8 @@
 the update's own forward instead of a recompute pass, prompt padding trimmed per micro-batch, micro-batches counted
 by the update rather than by the config."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -30,44 +32,58 @@ def texts(n: int) -> list[str]:
     return [" ".join([base[i % len(base)]] * (1 + i % 3)) for i in range(n)]
 
 
-def micro_batch(seed: int, rows: int = 4) -> MicroBatch:
+def micro_batch(seed: int, rows: int = 4, head: str = "tokens") -> MicroBatch:
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (rows, 32, 32, 3), dtype=np.uint8)
     proprio = rng.uniform(-1, 1, (rows, CFG.proprio_dim)).astype(np.float32)
     inputs = Processor.for_spec(SPEC, TOK, max_text_len=40).from_arrays(images, texts(rows), proprio)  # suite budget
     k = CFG.chunk_len * 7
-    tokens = torch.from_numpy(rng.integers(0, 256, (rows, k)))
-    rollout = torch.from_numpy(rng.normal(-5.5, 0.3, (rows, k)).astype(np.float32))  # the engine's, not the actor's
+    if head == "l1":  # the Gaussian's draws: normalised action values
+        tokens = torch.from_numpy(rng.normal(0, 1, (rows, k)).astype(np.float32))
+    else:
+        tokens = torch.from_numpy(rng.integers(0, 256, (rows, k)))
+    mean = -1.2 if head == "l1" else -5.5
+    rollout = torch.from_numpy(rng.normal(mean, 0.3, (rows, k)).astype(np.float32))  # the engine's, not the actor's
     mask = torch.from_numpy(rng.random((rows, k)) < 0.9)
     advantages = torch.from_numpy(rng.choice([-1.0, 1.0], rows).astype(np.float32))
     return MicroBatch(inputs, tokens, rollout, advantages, mask, mask.float() / (2 * mask.numel()))
 
 
-def actor(ds: DeepSpeedConfig | None = None, algo: AlgoConfig = ALGO) -> Actor:
+def actor(ds: DeepSpeedConfig | None = None, algo: AlgoConfig = ALGO, head: str = "tokens") -> Actor:
     init_distributed()
     torch.manual_seed(0)
-    return Actor(lambda zero3: build_policy(CFG, TOK, zero3), ds or DeepSpeedConfig(zero_stage=3), algo)
+    cfg = replace(CFG, action_head=head)
+    return Actor(lambda zero3: build_policy(cfg, TOK, zero3), ds or DeepSpeedConfig(zero_stage=3), algo)
 
 
 def weights(a: Actor) -> str:
     return weights_checksum([(n, t.clone()) for b in gathered_buckets(a.policy, 1) for n, t in b])
 
 
-def test_old_logprobs_from_the_update_forward_are_a_recompute_bit_for_bit():
+@pytest.mark.parametrize("head", ["tokens", "l1"])
+def test_old_logprobs_from_the_update_forward_are_a_recompute_bit_for_bit(head):
     """A recompute pass then the update, against the update alone taking its forward's log-probs as the old ones:
-    the same old log-probs, truncated importance weights, loss, gradient norm and weights after the step."""
-    batches = [micro_batch(1), micro_batch(2)]
-    recomputing = actor()
+    the same old log-probs, truncated importance weights, loss, gradient norm and weights after the step; for either
+    head (the l1 head's Gaussian log-probs, its log-std trained with the rest)."""
+    batches = [micro_batch(1, head=head), micro_batch(2, head=head)]
+    recomputing = actor(head=head)
     recomputed = [recomputing.logprobs(mb.inputs, mb.tokens) for mb in batches]
     plain = [mb._replace(old_logprobs=old, weights=mb.weights * truncated_is_weights(old, mb.old_logprobs, 1.5))
              for mb, old in zip(batches, recomputed, strict=True)]
     before = recomputing.update(plain)
-    reading = actor()
+    reading = actor(head=head)
     fused = reading.update(batches, old_from_forward=True)
     assert all(torch.equal(a, b) for a, b in zip(fused.forward_logprobs, recomputed, strict=True))
     assert fused.metrics == {k: v for k, v in before.metrics.items() if not k.startswith("mismatch_")}
     assert weights(reading) == weights(recomputing)
     assert before.metrics["clip_frac"] == 0.0 and before.metrics["grad_norm"] > 0  # the ratio is 1 at the first step
+    if head == "l1":
+        log_std = dict(reading.policy.named_parameters())["action_noise.log_std"]
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([log_std]):
+            assert not torch.equal(log_std.detach(), torch.full((7,), -1.0))  # the Gaussian's spread trained too
+        assert before.metrics["entropy"] == pytest.approx(-1.0 + 0.5 * np.log(2 * np.pi * np.e))
 
 
 def test_trimmed_prompt_padding_trains_alike():
