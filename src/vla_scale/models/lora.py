@@ -81,8 +81,9 @@ def targets(policy: nn.Module, names: list[str]) -> list[tuple[str, nn.Linear]]:
 
 def add_adapters(policy: nn.Module, lora: LoraConfig) -> list[str]:
     """Give the layers `lora.target_modules` selects adapters of rank `lora.rank` and freeze every other parameter
-    but the `FULLY_TRAINED` parts; returns the adapted layers' names. Under ZeRO-3 call it inside the `zero.Init` the policy was built in (its
-    weights then are shards: the shapes come from `ds_shape`), so the adapters are built as shards too."""
+    but the `FULLY_TRAINED` parts; returns the adapted layers' names. Under ZeRO-3 call it inside the `zero.Init` the
+    policy was built in (its weights then are shards: the shapes come from `ds_shape`), so the adapters are built as
+    shards too."""
     chosen = targets(policy, lora.target_modules)
     if not chosen:
         raise ValueError(f"model.lora.target_modules={lora.target_modules} selects no linear layer of this policy")
