@@ -1,11 +1,12 @@
 """The engine's fast path (`rollout/fast_forward.py`) decodes what the plain fp32 path decodes (CPU, tiny sizes).
 
 Greedy tokens equal, sampled tokens equal under the same generator seed, log-probs and logits equal to float32
-rounding (the L1 head's Gaussian: its mean, samples and log-probs to float32 rounding); covered: our own tower and learned action queries (both attention modes), and the official layout with
-fused DINOv2-like + SigLIP-like towers (layer scale, registers, tanh GELU), grouped-query attention, proprio and two
-images per example, with prompts of different lengths in one batch (several packed groups) and of one length (one
-group), before and after a weight sync. The packing's index arithmetic is checked on its own; the towers on two
-CUDA streams only where a GPU is (marked `gpu`).
+rounding (the L1 head's Gaussian: its mean, samples and log-probs to float32 rounding); covered: our own tower and
+learned action queries (both attention modes), and the official layout with fused DINOv2-like + SigLIP-like towers
+(layer scale, registers, tanh GELU), grouped-query attention, proprio and two images per example, with prompts of
+different lengths in one batch (several packed groups) and of one length (one group), before and after a weight
+sync, each with the token head and the L1 head. The packing's index arithmetic is checked on its own; the towers on
+two CUDA streams only where a GPU is (marked `gpu`).
 """
 
 from dataclasses import replace
