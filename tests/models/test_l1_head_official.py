@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -63,12 +65,22 @@ def test_the_fixture_covers_what_the_head_must_be_right_on(ref):
     assert np.abs(ref["normalized_actions"]).max() > 1  # outputs past [-1, 1]: nothing may clip the mode
 
 
-def test_our_head_gives_the_official_normalised_actions_in_float32_and_in_bf16(ref):
+def test_our_head_gives_the_official_normalised_actions_in_float32(ref):
     fp32 = normalised(ref, torch.float32)
     assert np.abs(fp32 - ref["normalized_actions"]).max() <= FP32_TOL
-    # in bf16, as the official evaluation runs its head: the same arithmetic gives the same numbers
-    np.testing.assert_array_equal(normalised(ref, torch.bfloat16), ref["normalized_actions_bf16"])
     assert np.abs(fp32 - ref["normalized_actions_bf16"]).max() <= float(ref["bf16_max_abs_diff"])
+
+
+def test_our_head_in_bf16_gives_the_official_bf16_head_bit_for_bit():
+    """In bf16, as the official evaluation runs its head. In a process of its own: once `deepspeed.zero.Init` has run
+    in a process (an actor, another test), DeepSpeed's replacement of torch's linear adds the bias after the product
+    and rounds twice in bf16."""
+    script = ("import sys, numpy as np, torch; sys.path.insert(0, sys.argv[1]); import test_l1_head_official as t; "
+              "ref = dict(np.load(t.FIXTURE / 'reference.npz')); "
+              "print(np.array_equal(t.normalised(ref, torch.bfloat16), ref['normalized_actions_bf16']))")
+    proc = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent)], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.stdout.strip() == "True", proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 def test_un_normalisation_and_libero_gripper_give_the_official_env_actions(ref):
