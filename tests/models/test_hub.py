@@ -50,3 +50,15 @@ def test_an_uncached_id_offline_and_an_unreachable_hub_are_one_clear_error(hub_c
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")  # nothing answers there
     with pytest.raises(ConfigError, match=r"model.checkpoint='org/tiny' names a hub checkpoint, but the hub did not"):
         PretrainedVLA.for_env(ModelConfig(checkpoint="org/tiny"), EnvConfig())
+
+
+def test_the_files_an_official_fine_tune_acts_with_are_fetched():
+    """An L1 fine-tune's head file decides how it acts: left behind, the folder would decode LM-head bins."""
+    from fnmatch import fnmatch
+
+    from vla_scale.models.hub import LOADED_FILES
+
+    for name in ("action_head--150000_checkpoint.pt", "proprio_projector--150000_checkpoint.pt",
+                 "noisy_action_projector--100000_checkpoint.pt", "model-00001-of-00004.safetensors"):
+        assert any(fnmatch(name, pattern) for pattern in LOADED_FILES), name
+    assert not any(fnmatch("optimizer--150000_checkpoint.pt", p) for p in LOADED_FILES)

@@ -120,8 +120,6 @@ class ActionDistribution(Protocol):
 class TokenBins:
     """Categorical over the action bins, at the sampling temperature."""
 
-    dtype = np.int64
-
     def sample(self, params: Tensor, temperature: float, greedy: bool, generator: torch.Generator | None) -> Tensor:
         return sample_bins(params, temperature, greedy, generator)
 
@@ -135,8 +133,6 @@ class TokenBins:
 class Gaussian:
     """Diagonal Gaussian around the L1 head's output. Its spread is the learned log-std alone: `algo.temperature`
     applies to the token head's logits and is not used here."""
-
-    dtype = np.float32
 
     def sample(self, params: Tensor, temperature: float, greedy: bool, generator: torch.Generator | None) -> Tensor:
         mean = params[..., 0].float()
@@ -152,7 +148,7 @@ class Gaussian:
         return gaussian_entropy(params[..., 1])
 
 
-def distribution(head: str) -> TokenBins | Gaussian:
+def distribution(head: str) -> ActionDistribution:
     """The sampling distribution of a policy whose action head is `head` (`HEADS`)."""
     if head not in HEADS:
         raise ValueError(f"action head {head!r}: choose one of {HEADS}")
