@@ -142,8 +142,9 @@ def make_deterministic() -> None:
 
 class Trainer:
     def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = ()):
-        """Checks only (nothing starts): the configuration, the Ray address, the policy against the env and the
-        `explicit` keys of the command line (`PretrainedVLA.for_env`), a resumed run against its checkpoint."""
+        """Joins the process group (`init_distributed`) and checks, starting nothing else: the configuration, the Ray
+        address, the policy against the env and the `explicit` keys of the command line (`PretrainedVLA.for_env`), a
+        resumed run against its checkpoint."""
         if cfg.deterministic:
             make_deterministic()
         self.rank, self.world = init_distributed()

@@ -261,7 +261,7 @@ class AlgoConfig:
 @dataclass
 class ParallelConfig:
     ray_address: str = ""
-    """Ray cluster to join ('' starts a local one)."""
+    """Ray cluster to join ('': a local one, started only when something of the run runs on Ray)."""
     ray_dashboard: bool = False
     """Start Ray's dashboard (bound to 127.0.0.1)."""
     ray_num_cpus: int = 0
