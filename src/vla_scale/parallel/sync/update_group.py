@@ -23,17 +23,14 @@ import pickle
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
 from vla_scale.parallel.sync.checksum import Fingerprints
-from vla_scale.parallel.sync.weight_sync import SyncReport, gathered_buckets
-
-if TYPE_CHECKING:
-    from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.parallel.sync.weight_sync import SyncReport, WeightTarget, gathered_buckets
 
 
 @dataclass
@@ -147,11 +144,11 @@ def broadcast_sync(module: nn.Module, group: UpdateGroup | None, version: int, b
 class WeightReceiver:
     """An engine process's member of an update group: receives what trainer rank 0 broadcasts into `engine`."""
 
-    engine: RolloutEngine
+    engine: WeightTarget
     group: UpdateGroup
 
     @classmethod
-    def connect(cls, engine: RolloutEngine, master_address: str, master_port: int, rank_offset: int,
+    def connect(cls, engine: WeightTarget, master_address: str, master_port: int, rank_offset: int,
                 world_size: int, backend: str = "gloo", group_name: str = "weight_update") -> WeightReceiver:
         """Join the trainer's update group as group rank `rank_offset`; returns once every member has joined."""
         group = UpdateGroup.connect(master_address, master_port, rank_offset, world_size, backend, group_name)

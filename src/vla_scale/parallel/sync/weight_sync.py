@@ -28,13 +28,16 @@ from vla_scale.parallel.sync.spans import span
 
 
 class WeightTarget(Protocol):
-    """What a sync writes into (the rollout engine): its parameters by name, a bucket copy, a device barrier."""
+    """What a sync writes into (the rollout engine): its parameters by name, a bucket copy, a device barrier and the
+    fingerprint of what it holds (`checksum.weights_checksum`)."""
 
     weights: dict[str, Tensor]
 
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None: ...
 
     def synchronize(self) -> None: ...
+
+    def checksum(self) -> str: ...
 
 
 @dataclass
