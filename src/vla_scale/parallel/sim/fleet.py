@@ -66,6 +66,19 @@ class WorkerReply:
     restarts: int
 
 
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every sim worker of a fleet is built with (the same for each; a worker adds its index)."""
+
+    env_name: str
+    env_kwargs: dict[str, Any]  # what every simulator is built with (`make_env`)
+    sims: int  # simulator processes of one worker
+    slots: int  # simulators of one process
+    timeout_s: float  # deadline of every call to a simulator process
+    max_failures: int  # restarts of one process before the run stops
+    boot_timeout_s: float  # deadline of a process's start
+
+
 class SimWorker:
     """Owns `sims` simulator processes of `slots` simulators each; a Ray actor or a plain object of the trainer.
 
@@ -75,18 +88,17 @@ class SimWorker:
 
     CONCURRENCY_GROUPS = {"send": 1, "recv": 1}
 
-    def __init__(self, index: int, env_name: str, env_kwargs: dict[str, Any], sims: int, slots: int,
-                 timeout_s: float, max_failures: int, boot_timeout_s: float):
-        self.index, self.env_name, self.env_kwargs = index, env_name, env_kwargs
-        self.slots, self.timeout_s, self.max_failures = slots, timeout_s, max_failures
-        self.boot_timeout_s = boot_timeout_s
-        self.procs = [self._spawn() for _ in range(sims)]
-        size = sims * slots
+    def __init__(self, index: int, spec: WorkerSpec):
+        self.index, self.env_name, self.env_kwargs = index, spec.env_name, spec.env_kwargs
+        self.slots, self.timeout_s, self.max_failures = spec.slots, spec.timeout_s, spec.max_failures
+        self.boot_timeout_s = spec.boot_timeout_s
+        self.procs = [self._spawn() for _ in range(spec.sims)]
+        size = spec.sims * spec.slots
         self.tasks: list[TaskSpec | None] = [None] * size
         self.running = np.zeros(size, dtype=bool)
         self.lost: dict[int, Observation] = {}  # slot -> initial observation after a restart, not yet reported
-        self.orphaned = [0] * sims  # requests lost with a replaced process, still to be answered
-        self.failures = [0] * sims
+        self.orphaned = [0] * spec.sims  # requests lost with a replaced process, still to be answered
+        self.failures = [0] * spec.sims
         self.requests: queue.Queue[tuple[str, np.ndarray]] = queue.Queue()
         self.lock = threading.Lock()
         self.closed = False
@@ -214,8 +226,8 @@ class LocalWorkers:
 
     foreign = False  # the simulators share this process's resource tracker
 
-    def __init__(self, count: int, args: tuple):
-        self.workers = [SimWorker(i, *args) for i in range(count)]
+    def __init__(self, count: int, spec: WorkerSpec):
+        self.workers = [SimWorker(i, spec) for i in range(count)]
         self.receivers = [ThreadPoolExecutor(1, thread_name_prefix=f"sim-worker-{i}-recv") for i in range(count)]
         self.local = [True] * count
 
@@ -250,12 +262,12 @@ class RayWorkers:
 
     foreign = True
 
-    def __init__(self, count: int, args: tuple, sim_resource: bool):
+    def __init__(self, count: int, spec: WorkerSpec, sim_resource: bool):
         options: dict[str, Any] = {"num_cpus": 0, "concurrency_groups": SimWorker.CONCURRENCY_GROUPS}
         if sim_resource:
             options["resources"] = {"sim": 0.001}
         remote = ray.remote(**options)(SimWorker)
-        self.workers = [remote.remote(i, *args) for i in range(count)]
+        self.workers = [remote.remote(i, spec) for i in range(count)]
         here = ray.get_runtime_context().get_node_id()
         self.nodes = self.each("node_id")
         self.local = [node == here for node in self.nodes]
@@ -314,10 +326,10 @@ class SimFleet:
         self.env_kwargs = env_kwargs  # what every simulator is built with (`make_env`)
         self.slots = size // (num_workers * sims_per_worker)
         self.num_procs = num_workers * sims_per_worker
-        args = (env_name, env_kwargs, sims_per_worker, self.slots, timeout_s, max_failures, boot_timeout_s)
+        spec = WorkerSpec(env_name, env_kwargs, sims_per_worker, self.slots, timeout_s, max_failures, boot_timeout_s)
         self.workers: LocalWorkers | RayWorkers = (
-            LocalWorkers(num_workers, args) if in_process and not sim_resource
-            else RayWorkers(num_workers, args, sim_resource))
+            LocalWorkers(num_workers, spec) if in_process and not sim_resource
+            else RayWorkers(num_workers, spec, sim_resource))
         self.readers = [[ImageReader(foreign=self.workers.foreign) for _ in range(sims_per_worker)]
                         for _ in range(num_workers)]
         self.stats = FleetStats()
