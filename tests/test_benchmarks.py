@@ -7,9 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import script_env
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # each runs a benchmark script whole: a few RL steps or rollouts
 
 
 def rl_step(*args: str) -> list[str]:

@@ -231,6 +231,7 @@ def played() -> dict:
     return merged
 
 
+@pytest.mark.slow  # builds LIBERO scenes
 @pytest.mark.parametrize("suite", SUITES)
 def test_every_suite_builds_resets_to_an_init_state_and_steps_a_chunk(played: dict, suite: str) -> None:
     task, first, again, step = played[suite]
@@ -249,6 +250,7 @@ def test_every_suite_builds_resets_to_an_init_state_and_steps_a_chunk(played: di
     assert step.observation.images["agentview"].std() > 10  # a rendered scene, not a blank frame
 
 
+@pytest.mark.slow  # builds LIBERO scenes
 def test_simulator_processes_do_not_load_torch(played: dict) -> None:
     for proc in played["_processes"]:
         assert not proc["torch_mapped"], proc
@@ -328,11 +330,13 @@ def probe() -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # builds LIBERO scenes
 def test_success_is_libero_predicate(probe: dict) -> None:
     assert probe["relation"] == "on"
     assert probe["success"] and probe["done"] and probe["reward"] == 1.0
 
 
+@pytest.mark.slow  # builds LIBERO scenes
 def test_cameras_render_only_for_the_observation_a_chunk_or_reset_returns(probe: dict) -> None:
     renders = probe["renders"]
     # one image per camera per chunk, sampled by robosuite during the chunk's last step: none at the other steps
@@ -345,14 +349,17 @@ def test_cameras_render_only_for_the_observation_a_chunk_or_reset_returns(probe:
     assert renders["chunks"][-1] == {"camera": 2, "end_of_step": 2}, renders
 
 
+@pytest.mark.slow  # builds LIBERO scenes
 def test_soft_reset_gives_the_observation_of_a_rebuilt_scene(probe: dict) -> None:
     assert probe["soft_equals_hard"]
 
 
+@pytest.mark.slow  # builds LIBERO scenes
 def test_a_simulator_process_imports_no_torch(probe: dict) -> None:
     assert probe["torch"] == []
 
 
+@pytest.mark.slow  # builds LIBERO scenes
 def test_gymnasium_check_env_passes_on_libero(probe: dict) -> None:
     assert probe["warnings"] == [], probe["warnings"]
 
@@ -433,6 +440,7 @@ def official_loop() -> dict:
     return _run(OFFICIAL_LOOP)
 
 
+@pytest.mark.slow  # builds LIBERO scenes
 def test_official_scenes_are_those_of_the_official_loop(official_loop: dict) -> None:
     for k, same in official_loop["same"].items():
         assert all(same.values()), (k, same)  # RNG state before the reset, fixtures, sim state, images: all equal
@@ -529,6 +537,7 @@ def reference() -> dict:
 PROPRIO_ATOL = 1e-12
 
 
+@pytest.mark.slow  # builds LIBERO scenes
 def test_official_scene_matches_liberos_own_first_observation(reference: dict) -> None:
     official, per_episode = reference["official"][0], reference["per_episode"]
     for first in (official, reference["case4_scene0"]):
@@ -539,6 +548,7 @@ def test_official_scene_matches_liberos_own_first_observation(reference: dict) -
     assert per_episode["agentview"][0] > 0.5, per_episode
 
 
+@pytest.mark.slow  # builds LIBERO scenes
 def test_official_scene_steps_like_liberos_own_env(reference: dict) -> None:
     for k, step in enumerate(reference["steps"]):  # the observation of each chunk's last step, images included
         assert step["agentview"] == step["wrist"] == [0.0, 0], (k, step)
@@ -547,11 +557,13 @@ def test_official_scene_steps_like_liberos_own_env(reference: dict) -> None:
         assert step["state"] <= PROPRIO_ATOL and step["dtype"] == "float64", (k, step)
 
 
+@pytest.mark.slow  # builds LIBERO scenes
 def test_official_scenes_do_not_depend_on_what_the_simulator_played_before(reference: dict) -> None:
     assert reference["same_after_other_task"] and reference["same_after_other_k"]
     assert reference["t_reset_49"] < 30.0  # 41 replayed resets' draws, no rebuild
 
 
+@pytest.mark.slow  # builds LIBERO scenes
 def test_per_episode_scenes_depend_only_on_the_task_spec(reference: dict) -> None:
     assert reference["per_episode_same_again"]
 
@@ -589,16 +601,19 @@ def rendering() -> dict:
     return _run(RENDERING)
 
 
+@pytest.mark.slow  # builds LIBERO scenes
 def test_libero_object_floors_render_as_the_checkpoints_data(rendering: dict) -> None:
     assert rendering["mujoco"] == "3.3.2"
     assert 165 < rendering["floor_mean"] < 185 and 130 < rendering["image_mean"] < 150, rendering
 
 
+@pytest.mark.slow  # builds LIBERO scenes
 def test_a_libero_130_task_plays_as_in_its_own_suite(rendering: dict) -> None:
     assert rendering["unified_same"], "libero_130 task 10 should reset exactly as libero_object task 0"
     assert rendering["limits"] == [280, 220]  # libero_object's limit, then libero_spatial's
 
 
+@pytest.mark.slow  # builds LIBERO scenes
 def test_the_bowl_settles_onto_the_ramekin(rendering: dict) -> None:
     bowl, ramekin = np.array(rendering["bowl"]), np.array(rendering["ramekin"])
     assert np.linalg.norm(bowl[:2] - ramekin[:2]) < 0.025, rendering

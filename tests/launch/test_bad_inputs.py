@@ -108,6 +108,7 @@ RUN_CASES = [  # (id, overrides, exit code, phrases): resume commands against th
 ]
 
 
+@pytest.mark.slow  # run_copy: a 3-step training run
 @pytest.mark.parametrize("overrides,code,phrases", [c[1:] for c in RUN_CASES], ids=[c[0] for c in RUN_CASES])
 def test_resume_refusals_leave_the_run_as_it_was(run_copy, overrides, code, phrases):
     before = tree_digest(run_copy)
@@ -117,6 +118,7 @@ def test_resume_refusals_leave_the_run_as_it_was(run_copy, overrides, code, phra
     assert tree_digest(run_copy) == before  # its .hydra record, log, checkpoints and events untouched
 
 
+@pytest.mark.slow
 def test_a_broken_latest_pointer_names_the_file(run_copy):
     (run_copy / "checkpoints" / "latest").write_text("step_9")
     before = tree_digest(run_copy)
@@ -125,6 +127,7 @@ def test_a_broken_latest_pointer_names_the_file(run_copy):
     assert tree_digest(run_copy) == before
 
 
+@pytest.mark.slow
 def test_eval_of_a_damaged_step_folder_names_the_file(run_copy, tmp_path):
     out = refused("eval", *TINY, "model.hidden_size=48", f"model.checkpoint={run_copy}", f"run_dir={tmp_path / 'eval'}")
     assert "model.hidden_size=48 but" in out and "has 32" in out  # never silently the checkpoint's value
