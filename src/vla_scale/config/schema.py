@@ -124,8 +124,8 @@ class RolloutConfig:
     """Pipeline stages S: while one stage's simulators run, the next stage is decoded (1: sequential)."""
     precision: str = "bf16"
     """The rollout engine's matrix products: bf16 (the weights' own dtype) or fp8 (e4m3 with per-channel weight and
-    per-row activation scales, on FP8 tensor cores: compute capability 8.9+, e.g. H100/H200; the decode ~1.4x faster,
-    its log-probs those of a slightly different policy, so it needs algo.old_logprobs=recompute; README, FP8
+    per-row activation scales, on FP8 tensor cores: compute capability 8.9+, e.g. H100/H200; a faster decode whose
+    log-probs are those of a slightly different policy, so it needs algo.old_logprobs=recompute; README, FP8
     rollouts)."""
 
 

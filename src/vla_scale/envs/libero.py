@@ -32,30 +32,30 @@ state does not hold them (they have no joints), so they are where that reset's d
   so the r-th model build of an env draws r values for each of them; and the samplers of objects placed on fixture
   sites read site positions from the sim, which a rebuilt model computes from the fixtures' XML poses (a soft reset
   would use the last episode's). The RNG state before each official reset is kept per task, so reaching episode k
-  replays only the draws of the resets between the closest known state and k (~0.04 s each, no rebuild), and the
+  replays only the draws of the resets between the closest known state and k (no rebuild), and the
   episode itself is then a soft reset that draws exactly what the official hard reset draws: the same RNG states,
   fixture poses, sim states and images as the official loop (tested).
 
 Differences that change no physics:
 - Resets are soft (the sim is reset, not rebuilt from XML; the robot's gripper action state is cleared as a rebuild
-  would): the same observations as a hard reset, 0.3-1 s instead of 2-3 s. `hard_reset=True` rebuilds as LIBERO does.
+  would): the same observations as a hard reset, in a fraction of its time. `hard_reset=True` rebuilds as LIBERO
+  does.
 - Camera images are rendered only where the policy sees them, not at every env step; physics does not depend on
   rendering. robosuite samples an observation (images and proprio) on its observables' 20 Hz timers, after 24 of an
   env step's 25 physics substeps. Its camera observables are off except during the steps whose observation is
   returned: the last settle step of a reset and the last step of each chunk (or the step that reaches the step
   limit). For those they are turned on with the timer state of the proprio observables, so the observation is
   robosuite's own, images included, as the official loop sees it (tested bit for bit against the official
-  pipeline). A chunk that ends early at success returns images rendered at the end of its last step (one substep,
-  2 ms, after its proprio was sampled): that observation only ends the episode.
+  pipeline). A chunk that ends early at success returns images rendered at the end of its last step (one substep
+  after its proprio was sampled): that observation only ends the episode.
 
 Actions are LIBERO's: 7-D, [dx, dy, dz, droll, dpitch, dyaw] of the OSC_POSE controller in [-1, 1] and the gripper
 (-1 open, +1 close). A policy trained on OpenVLA-style data outputs the gripper in [0, 1] with 1 = open:
 `oft_gripper_to_libero` is the one place that converts it.
 
-Memory per simulator process at 128x128 (benchmarks/libero_sim.py): ~1.2 GiB, ~0.75 GiB with
-`texture_max_side=1024` (LIBERO's three 4096x4096 textures shrunk by a box filter). After building a scene,
-`release_compiler_memory` frees what MuJoCo keeps from compiling it (~0.7 GiB). While a scene builds the process
-peaks at ~1.9 GiB (~1.15 GiB with 1024-pixel textures).
+Memory per simulator process (`benchmarks/libero_sim.py`; figures in docs/performance.md and the README): less with
+`texture_max_side=1024` (LIBERO's three 4096x4096 textures shrunk by a box filter); after building a scene,
+`release_compiler_memory` frees what MuJoCo keeps from compiling it, below the peak a scene's build reaches.
 
 Nothing here imports torch: init states are read with a numpy-only unpickler (`load_init_states`).
 """
@@ -216,10 +216,10 @@ def oft_gripper_to_libero(actions: np.ndarray, invert: bool = True) -> np.ndarra
 
 def release_compiler_memory() -> None:
     """Free what MuJoCo keeps after compiling a scene and never uses again: the last XML model it loaded (kept for
-    `mj_saveLastXML`: the whole spec with decoded textures and meshes, ~0.4 GB for a LIBERO scene; the Python
-    bindings do not expose `mj_freeLastXML`, so it is called through ctypes) and, in the releases that have one, its
-    asset cache (~0.3 GB under 3.3.7, which only speeds up compiling the next scene). Then hands freed heap pages back
-    to the OS."""
+    `mj_saveLastXML`: the whole spec with decoded textures and meshes; the Python bindings do not expose
+    `mj_freeLastXML`, so it is called through ctypes) and, in the releases that have one, its asset cache (which only
+    speeds up compiling the next scene). Then hands freed heap pages back to the OS (docs/ARCHITECTURE.md, LIBERO,
+    says how much)."""
     import mujoco
 
     for library in sorted(Path(mujoco.__file__).parent.glob("libmujoco.so*"))[:1]:  # the one mujoco loaded
@@ -264,7 +264,7 @@ class LiberoEnv:
     - "official": `reset(TaskSpec(suite, t, k))` shows the scene of episode k of task t in OpenVLA-OFT's
       `run_libero_eval.py` (one env per task, `env.seed(0)`, init states 0..k in order, hard resets), whatever this
       simulator played before: the scenes the published success rates were measured on. The first visit to episode k
-      of a task replays the RNG draws of the official resets not yet reached (~0.04 s each); later visits cost one
+      of a task replays the RNG draws of the official resets not yet reached; later visits cost one
       soft reset.
     """
 
@@ -502,7 +502,8 @@ class LiberoSettings:
     """Scene assets folder ('' uses the assets installed by `make libero`)."""
     texture_max_side: int = 0
     """Render from a copy of the assets with textures of at most this many pixels a side (0: LIBERO's own, as the
-    official evaluation renders); 1024 takes ~0.5 GiB less per simulator, images within 2 intensity levels."""
+    official evaluation renders); 1024 holds less memory per simulator, images within 2 intensity levels (README,
+    LIBERO)."""
     scenes: str = "per_episode"
     """Fixture layouts: per_episode (seeded by task and init state) or official (OFT's eval episode k scenes)."""
     mujoco: str = "3.3.2"

@@ -86,9 +86,9 @@ def downscaled_assets(source: Path, max_side: int, cache: Path | None = None) ->
 
     Every other file is a symlink to the original. A larger texture is shrunk by an integer factor with a box filter
     (each output texel is the mean of a block), which is how mipmaps are made, so a camera far below the texture's
-    resolution (128 px against LIBERO's 4096 px textures) samples nearly the same texels. Saves ~0.8 GiB per
-    simulator at 1024 but renders differently from the official pipeline: for training from scratch, not for
-    evaluating official checkpoints. A lock file serialises simulator processes that start together.
+    resolution (128 px against LIBERO's 4096 px textures) samples nearly the same texels. Saves memory per simulator
+    (README, LIBERO) but renders differently from the official pipeline: for training from scratch, not for evaluating
+    official checkpoints. A lock file serialises simulator processes that start together.
     """
     import fcntl
 

@@ -12,7 +12,7 @@ process that renders with MuJoCo/EGL):
   decode to the same pixels as TensorFlow's own bytes.
 * JPEG decode: TensorFlow decodes with libjpeg-turbo's fast integer IDCT (JDCT_IFAST) and fancy (smooth) chroma
   upsampling; simplejpeg (which bundles libjpeg-turbo) with `fastdct=True, fastupsample=False` does the same.
-  Pillow's decoder (accurate IDCT) would be off by ~1.1 levels on average.
+  Pillow's decoder (accurate IDCT) would be off by about a level on average (the fixture's README measures it).
 * Resize: a float32 re-implementation of TensorFlow's `ScaleAndTranslate` op with the Lanczos-3 kernel and
   antialiasing: per axis, scale = out/in (float32), the kernel is stretched by max(1/scale, 1) when downsampling,
   each output sample reads a fixed-width span of inputs (9 for 256->224) whose weights are normalised to sum to one,
@@ -38,8 +38,8 @@ Measured against the official outputs stored in `shared/fixtures/oft_libero_pipe
 | no JPEG round trip | 0/36 | 1.471 | 42 | 0.723 |
 
 `tests/models/test_official_images.py` checks the first two rows (and that the official centre crop of these outputs is
-reproduced bit-exactly by `centre_crop` below). Cost on one CPU core: ~5 ms for a 256->224 resize of one
-image, ~0.6 ms for the JPEG round trip.
+reproduced bit-exactly by `centre_crop` below). What each part costs per image: `benchmarks/official_images.py`
+(docs/performance.md).
 """
 
 from __future__ import annotations
@@ -198,8 +198,7 @@ def centre_crop(images: np.ndarray, area: float = 0.9) -> np.ndarray:
 
     uint8 [..., H, W, C] -> uint8, same shape. Every value follows TensorFlow's float32 formula (top = tl + (tr - tl)
     * dx, bottom likewise, out = top + (bottom - top) * dy), blending along columns for every row first and then
-    gathering the two rows each output reads, so the result is bit-exact (`tests/models/test_official_images.py`);
-    ~2.4 ms for a 224 px image on one core.
+    gathering the two rows each output reads, so the result is bit-exact (`tests/models/test_official_images.py`).
     """
     h, w = images.shape[-3], images.shape[-2]
     side = np.clip(np.sqrt(_F32(area)), 0, 1)

@@ -12,8 +12,8 @@ adapter_config.json, adapter_model.safetensors with `base_model.model.<module>.l
 OpenVLA-OFT's and RLinf's LoRA checkpoints, which `merge_adapters` reads back into any policy of the same base.
 
 Merged weights travel instead of the adapters because the engine would otherwise need the base weights and the merged
-ones side by side (twice its memory) or merge in place by differences (not bit-exact): at 7B the merged sync moves
-15 GB in ~0.14 s on one H200 (docs/performance.md).
+ones side by side (twice its memory) or merge in place by differences (not bit-exact); docs/performance.md has what
+the merged sync costs at 7B.
 """
 
 from __future__ import annotations

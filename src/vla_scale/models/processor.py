@@ -121,8 +121,8 @@ class ImageTransform:
         """Prepared images uint8 [B, N, S, S, 3] -> pixel_values float32 [B, N * 3 * towers, S, S] on `device`.
 
         On a GPU the uint8 images travel (a quarter of the float32 bytes) and are looked up in the same table there:
-        bitwise the same values, without the host's pass over every pixel of every tower (about 50 ms for a batch of
-        48 two-tower 224 px images on one core, the largest host cost of a decode inside the env loop)."""
+        bitwise the same values, without the host's pass over every pixel of every tower (the largest host cost of a
+        decode inside the env loop; docs/performance.md)."""
         batch, n, h, w, _ = images.shape
         if (h, w) != (self.image_size, self.image_size):
             raise ValueError(f"prepared images must be {self.image_size}x{self.image_size}, got {h}x{w}")

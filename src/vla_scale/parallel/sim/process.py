@@ -121,8 +121,8 @@ def _child_environment() -> dict[str, str]:
 
     A request's answers (their records, small arrays and dicts) are freed together once packed. glibc's cache keeps
     only 7 chunks of a size by default, so the rest went to its bins, and the envs' next allocations took the slow
-    path: `_int_malloc` was the largest cost the fleet added to a simulator process (about 2% of its CPU, against a
-    plain stepping loop in the same process). A caller's own `GLIBC_TUNABLES` is kept, and so is its tcache_count;
+    path: `_int_malloc` was the largest cost the fleet added to a simulator process against a plain stepping loop in
+    the same process (docs/performance.md). A caller's own `GLIBC_TUNABLES` is kept, and so is its tcache_count;
     other C libraries ignore the variable."""
     env = dict(os.environ)
     tunables = env.get("GLIBC_TUNABLES", "")
