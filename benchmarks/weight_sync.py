@@ -171,7 +171,7 @@ def gather_check(actor: Actor, bucket_mb: int) -> None:
     """Our gathers against DeepSpeed's own (`GatheredParameters`, a few parameters at a time): same checksum?"""
     import deepspeed
 
-    from vla_scale.parallel.sync.checksum import Fingerprints
+    from vla_scale.tensors.checksum import Fingerprints
 
     ours, theirs = Fingerprints(), Fingerprints()
     for bucket in gathered_buckets(actor.policy, bucket_mb):
@@ -196,8 +196,8 @@ def allocated_gib(device: torch.device) -> float:
 
 def verify_parts(engine: RolloutEngine, bucket_mb: int) -> None:
     """Where a sync's verification goes: the bit comparison and the fingerprints, each over the whole model."""
-    from vla_scale.parallel.sync.checksum import fingerprints
     from vla_scale.parallel.sync.weight_sync import _bucket_plan, _compare
+    from vla_scale.tensors.checksum import fingerprints
 
     named = dict(engine.policy.named_parameters())
     chunks = _bucket_plan(engine.policy, bucket_mb)  # compared with themselves by bucket: the reads of a real check

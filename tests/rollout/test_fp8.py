@@ -16,7 +16,6 @@ import torch
 
 from vla_scale.config import ConfigError, RolloutConfig
 from vla_scale.models import WordTokenizer, build_policy
-from vla_scale.parallel.sync.checksum import weights_checksum
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.fp8 import (
     E4M3_MAX,
@@ -28,6 +27,7 @@ from vla_scale.rollout.fp8 import (
     quantise_rows,
     quantise_weight,
 )
+from vla_scale.tensors.checksum import weights_checksum
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_engine_fast_path import CFG, official_case, tiny_case  # noqa: E402

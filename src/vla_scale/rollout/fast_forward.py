@@ -38,8 +38,8 @@ from torch import Tensor
 
 from vla_scale.models.policy import OFTPolicy
 from vla_scale.models.vision import ViT, quick_gelu
-from vla_scale.parallel.sync.spans import span
 from vla_scale.rollout.fp8 import Fp8Llama, Fp8Matrix, Fp8Vit, Fp8Weights, fp8_linear, quantise_rows, scaled_mm
+from vla_scale.tensors.spans import span
 
 Weights = tuple[Tensor | None, ...]
 Groups = tuple[tuple[int, int], ...]  # (rows, positions per row) for each run of equal-length rows, in packed order

@@ -15,9 +15,9 @@ from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer, build_policy
 from vla_scale.models.spec import spec_from_model_config
 from vla_scale.parallel.actor import Actor
-from vla_scale.parallel.sync.checksum import weights_checksum
 from vla_scale.parallel.sync.weight_sync import gathered_buckets
 from vla_scale.run_setup import init_distributed
+from vla_scale.tensors.checksum import weights_checksum
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=2, num_heads=2,
                   intermediate_size=64, chunk_len=4)

@@ -29,10 +29,10 @@ def _trainer(rank: int, trainer_port: int, update_port: int, out: mp.Queue) -> N
     import deepspeed
 
     from vla_scale.parallel.actor import Actor
-    from vla_scale.parallel.sync.checksum import weights_checksum
     from vla_scale.parallel.sync.update_group import UpdateGroup, broadcast_sync
     from vla_scale.parallel.sync.weight_sync import gathered_buckets
     from vla_scale.run_setup import init_distributed
+    from vla_scale.tensors.checksum import weights_checksum
 
     init_distributed()
     tok = WordTokenizer.from_instructions(instructions())

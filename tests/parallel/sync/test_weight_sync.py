@@ -9,10 +9,10 @@ from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import WordTokenizer, build_policy
 from vla_scale.parallel.actor import Actor
-from vla_scale.parallel.sync.checksum import weights_checksum
 from vla_scale.parallel.sync.weight_sync import _end_to_end, gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_setup import init_distributed
+from vla_scale.tensors.checksum import weights_checksum
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
                   intermediate_size=64, chunk_len=4)

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from vla_scale.parallel.sync.checksum import Fingerprints
 from vla_scale.parallel.sync.weight_sync import SyncReport, WeightTarget, gathered_buckets
+from vla_scale.tensors.checksum import Fingerprints
 
 
 @dataclass

@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.distributed_c10d import _coalescing_manager
 
-from vla_scale.parallel.sync.checksum import Fingerprints, digest_of
-from vla_scale.parallel.sync.spans import span
+from vla_scale.tensors.checksum import Fingerprints, digest_of
+from vla_scale.tensors.spans import span
 
 
 class WeightTarget(Protocol):

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vla_scale.parallel.sync.spans import follows, reaches
+from vla_scale.tensors.spans import follows, reaches
 
 _WORDS = 1024  # int32 words per row
 _ROW = 4 * _WORDS  # bytes per row

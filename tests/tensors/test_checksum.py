@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vla_scale.parallel.sync.checksum import fingerprints, weights_checksum
+from vla_scale.tensors.checksum import fingerprints, weights_checksum
 
 SHAPES = [(1, torch.float32), (3, torch.bfloat16), (2048, torch.bfloat16), (4099, torch.float32),
           (3 * 1024 + 5, torch.int8), (70000, torch.bfloat16), (0, torch.float32)]
@@ -29,7 +29,7 @@ def test_a_batch_fingerprints_each_tensor_as_alone():
 
 
 def test_tensors_of_one_length_reduced_together_keep_their_own_fingerprints(monkeypatch):
-    import vla_scale.parallel.sync.checksum as checksum
+    import vla_scale.tensors.checksum as checksum
 
     monkeypatch.setattr(checksum, "_STACK_BYTES", 3 * 4096)  # stacks of three 1-row bodies: several stacks per length
     gen = torch.Generator().manual_seed(1)
