@@ -1,6 +1,6 @@
-"""GRPO batches, named, from the episodes a step keeps to what the actor takes.
+"""GRPO batches, named, from the episodes a step plays to what the actor takes.
 
-`StepBatch` holds the groups kept for one update; each chunk step of their episodes is a `Sample` (with its episode's
+A `Trajectory` is one episode as the env loop records it; `StepBatch` holds the groups kept for one update; each chunk step of their episodes is a `Sample` (with its episode's
 group-normalised advantage); `plan_update` splits the samples into `algo.mini_batches` optimizer steps
 (`MiniBatch`: token mask, loss weights, rollout and old log-probs), each split into `algo.micro_batches`
 accumulation steps (`MicroBatch`, the inputs of one forward and backward of `Actor.update`).
@@ -9,7 +9,7 @@ accumulation steps (`MicroBatch`, the inputs of one forward and backward of `Act
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -30,10 +30,49 @@ from vla_scale.models.policy import PolicyInputs
 if TYPE_CHECKING:
     from vla_scale.envs.types import TaskSpec
     from vla_scale.models.processor import Processor
-    from vla_scale.rollout.env_loop import Trajectory
 
 MeanOverRanks = Callable[[float], float]
 """A value's mean over the ranks of the run (the identity on one rank)."""
+
+
+@dataclass
+class Trajectory:
+    """One episode, per executed chunk step: model inputs, action tokens, rollout log-probs, policy version.
+
+    The inputs are exactly what the rollout decoded on: every camera the policy takes, as the towers saw them
+    (resized and cropped, before normalisation), and the raw proprio; the update feeds them to
+    `Processor.from_prepared`. Every recorded step counts for the loss: an episode ends at its first success, so the
+    recorded steps are exactly those up to and including the first success; `executed` says how many of each
+    chunk's actions ran (the last chunk stops at the success or at the step limit), so only their tokens do.
+    """
+
+    task: TaskSpec
+    uid: str
+    instruction: str = ""
+    images: list[np.ndarray] = field(default_factory=list)  # uint8[cameras, S, S, 3] per chunk step, primary first
+    proprio: list[np.ndarray] = field(default_factory=list)
+    tokens: list[np.ndarray] = field(default_factory=list)  # [chunk*action_dim]: bins, or the l1 head's values
+    executed: list[int] = field(default_factory=list)  # actions of each chunk that ran (fewer at the episode's end)
+    logprobs: list[np.ndarray] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    success: bool = False
+    env_steps: int = 0
+    restarts: int = 0
+
+    @property
+    def reward(self) -> float:
+        return float(self.success)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def restart(self) -> None:
+        """Forget what was recorded: the episode starts again from its initial state."""
+        self.images, self.proprio, self.tokens, self.logprobs, self.versions = [], [], [], [], []
+        self.executed = []
+        self.success, self.env_steps = False, 0
+        self.restarts += 1
+
 
 
 class MicroBatch(NamedTuple):

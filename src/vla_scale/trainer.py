@@ -21,7 +21,15 @@ import torch
 import torch.distributed as dist
 
 from vla_scale import checkpoint
-from vla_scale.batches import StepBatch, group_uids, kept_groups, plan_update, repeat_for_groups, step_mismatch
+from vla_scale.batches import (
+    StepBatch,
+    Trajectory,
+    group_uids,
+    kept_groups,
+    plan_update,
+    repeat_for_groups,
+    step_mismatch,
+)
 from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, validate
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
@@ -30,7 +38,7 @@ from vla_scale.parallel.sim.cluster import ray_address_problem, start_ray
 from vla_scale.parallel.sim.fleet import SimFleet, SimNodeLost
 from vla_scale.parallel.sync.weight_sync import SyncReport, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
-from vla_scale.rollout.env_loop import EnvLoop, LoopStats, Trajectory, success_metrics
+from vla_scale.rollout.env_loop import EnvLoop, LoopStats, success_metrics
 from vla_scale.rollout.fp8 import fp8_problem
 from vla_scale.rollout.sampler import TaskSampler, eval_specs
 from vla_scale.rollout.stack import max_chunks, needs_ray, play_eval, start_fleet, start_ray_for

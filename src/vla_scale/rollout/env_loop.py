@@ -14,53 +14,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from vla_scale.batches import Trajectory
 from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
 from vla_scale.models.pretrained import PretrainedVLA
 from vla_scale.parallel.sim.fleet import Restarted, SimFleet
 from vla_scale.rollout.engine import RolloutEngine
-
-
-@dataclass
-class Trajectory:
-    """One episode, per executed chunk step: model inputs, action tokens, rollout log-probs, policy version.
-
-    The inputs are exactly what the rollout decoded on: every camera the policy takes, as the towers saw them
-    (resized and cropped, before normalisation), and the raw proprio; the update feeds them to
-    `Processor.from_prepared`. Every recorded step counts for the loss: an episode ends at its first success, so the
-    recorded steps are exactly those up to and including the first success; `executed` says how many of each
-    chunk's actions ran (the last chunk stops at the success or at the step limit), so only their tokens do.
-    """
-
-    task: TaskSpec
-    uid: str
-    instruction: str = ""
-    images: list[np.ndarray] = field(default_factory=list)  # uint8[cameras, S, S, 3] per chunk step, primary first
-    proprio: list[np.ndarray] = field(default_factory=list)
-    tokens: list[np.ndarray] = field(default_factory=list)  # int64[chunk*action_dim]
-    executed: list[int] = field(default_factory=list)  # actions of each chunk that ran (fewer at the episode's end)
-    logprobs: list[np.ndarray] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    success: bool = False
-    env_steps: int = 0
-    restarts: int = 0
-
-    @property
-    def reward(self) -> float:
-        return float(self.success)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def restart(self) -> None:
-        """Forget what was recorded: the episode starts again from its initial state."""
-        self.images, self.proprio, self.tokens, self.logprobs, self.versions = [], [], [], [], []
-        self.executed = []
-        self.success, self.env_steps = False, 0
-        self.restarts += 1
 
 
 @dataclass

@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from vla_scale.batches import Trajectory
 from vla_scale.config import EnvConfig, ParallelConfig
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
 from vla_scale.parallel.sim.cluster import sim_node_count, start_ray
 from vla_scale.parallel.sim.fleet import SimFleet
-from vla_scale.rollout.env_loop import EnvLoop, Trajectory
+from vla_scale.rollout.env_loop import EnvLoop
 
 if TYPE_CHECKING:
     from tqdm import tqdm

@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
     from vla_scale.parallel.actor import Actor
     from vla_scale.config import register_configs, to_config
     from vla_scale.envs.types import TaskSpec
-    from vla_scale.rollout.env_loop import Trajectory
+    from vla_scale.batches import Trajectory
     from vla_scale.batches import StepBatch
     from vla_scale.trainer import Trainer
 
