@@ -153,3 +153,11 @@ def test_a_head_file_that_cannot_be_used_is_refused_naming_it(tmp_path, damage):
 def test_the_policy_line_names_the_head():
     assert "action head l1" in l1_vla().describe()
     assert "action head tokens" in PretrainedVLA.from_config(ModelConfig(**SMALL), instructions()).describe()
+
+
+def test_the_policy_class_alone_reads_the_folders_head(tmp_path):
+    from vla_scale.models import OFTPolicy
+
+    l1_vla().save_pretrained(str(tmp_path))
+    policy = OFTPolicy.from_pretrained(str(tmp_path))
+    assert policy.spec.action_head == "l1" and policy.action_head is not None

@@ -102,7 +102,9 @@ def read_proprio_dim(path: str) -> int | None:
 
 
 def read_spec(path: str, proprio_dim: int | None = None, **overrides: Any) -> OFTSpec:
-    """The spec of the checkpoint in `path` (config.json, with dataset_statistics.json when norm_stats is absent)."""
+    """The spec of the checkpoint in `path` (config.json, with dataset_statistics.json when norm_stats is absent; the
+    action head the folder's files say, unless `overrides` name it)."""
+    overrides.setdefault("action_head", "l1" if action_head_files(path) else "tokens")
     config = _read_json(os.path.join(path, CONFIG))
     if not config.get("norm_stats") and os.path.exists(os.path.join(path, STATS)):
         config["norm_stats"] = _read_json(os.path.join(path, STATS))
