@@ -1,9 +1,10 @@
 """GRPO batches, named, from the episodes a step plays to what the actor takes.
 
-A `Trajectory` is one episode as the env loop records it; `StepBatch` holds the groups kept for one update; each chunk step of their episodes is a `Sample` (with its episode's
-group-normalised advantage); `plan_update` splits the samples into `algo.mini_batches` optimizer steps
-(`MiniBatch`: token mask, loss weights, rollout and old log-probs), each split into `algo.micro_batches`
-accumulation steps (`MicroBatch`, the inputs of one forward and backward of `Actor.update`).
+A `Trajectory` is one episode as the env loop records it; `StepBatch` holds the groups kept for one update; each
+chunk step of their episodes is a `Sample` (with its episode's group-normalised advantage); `plan_update` splits the
+samples into `algo.mini_batches` optimizer steps (`MiniBatch`: token mask, loss weights, rollout and old log-probs),
+each split into `algo.micro_batches` accumulation steps (`MicroBatch`, the inputs of one forward and backward of
+`Actor.update`).
 """
 
 from __future__ import annotations
