@@ -24,6 +24,8 @@ setup(
         "imageio==2.38.1",
         "pillow==13.0.0",
         "simplejpeg==1.9.0",
+        "pyarrow==26.0.1",
+        "av==18.1.0",
     ],
     extras_require={
         "dev": ["pytest==9.2.0", "pytest-timeout==2.4.0", "pytest-xdist==3.8.0", "ruff==0.17.6"],
