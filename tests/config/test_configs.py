@@ -59,7 +59,7 @@ def test_every_simulator_has_its_own_settings_group_that_builds_its_kwargs():
     from vla_scale.envs.registry import SIMULATORS
 
     for name, sim in SIMULATORS.items():
-        env = load(f"env={'reach' if name == 'reach' else 'libero_spatial'}").env
+        env = load(f"env={'libero_spatial' if name == 'libero' else name}").env
         assert env.name == name and isinstance(env.simulator(), sim.settings)
         assert set(env.simulator_kwargs()) == {"camera_resolution", "max_steps", *env.simulator().simulator_kwargs()}
     cfg = load("env=reach", "env.reach.physics_substeps=5", "env.libero.settle_steps=3")
