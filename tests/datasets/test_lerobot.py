@@ -1,0 +1,360 @@
+"""LeRobot datasets written and read back (v2.1 and v3.0, videos and PNG frames), the checks that refuse a dataset
+before any heavy work, and datasets laid out by hand as LeRobot lays them out, read without our writer."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from vla_scale.datasets import lerobot_v30
+from vla_scale.datasets.episodes import Episode
+from vla_scale.datasets.lerobot import DatasetError, LeRobotKeys, dataset_problems, read_dataset, write_dataset
+
+KEYS = LeRobotKeys({"agentview": "observation.images.image", "wrist": "observation.images.wrist_image"})
+FORMATS = [("v2.1", True), ("v2.1", False), ("v3.0", True), ("v3.0", False)]
+
+
+def make_episodes(seed: int = 0, success: bool = True) -> list[Episode]:
+    """Four episodes of different lengths, random 64x64 frames from two cameras, one instruction repeated."""
+    rng = np.random.default_rng(seed)
+    plan = [(5, "put the red cube in the bowl", True), (3, "open the drawer", False),
+            (7, "put the red cube in the bowl", True), (4, "stack the blocks", False)]
+    cameras = ("agentview", "wrist")
+    return [Episode(instruction=text,
+                    images={c: rng.integers(0, 256, (steps, 64, 64, 3), dtype=np.uint8) for c in cameras},
+                    state=rng.standard_normal((steps, 4)).astype(np.float32),
+                    actions=rng.uniform(-1, 1, (steps, 7)).astype(np.float32), success=done if success else None)
+            for steps, text, done in plan]
+
+
+def assert_same(written: list[Episode], read: list[Episode]) -> None:
+    assert len(read) == len(written)
+    for a, b in zip(written, read, strict=True):
+        assert (b.instruction, b.success, len(b)) == (a.instruction, a.success, len(a))
+        np.testing.assert_array_equal(b.state, a.state)
+        np.testing.assert_array_equal(b.actions, a.actions)
+        assert set(b.images) == set(a.images)
+        for camera in a.images:
+            assert b.images[camera].dtype == np.uint8
+            np.testing.assert_array_equal(b.images[camera], a.images[camera])
+
+
+def info_of(root: Path) -> dict:
+    return json.loads((root / "meta/info.json").read_text())
+
+
+@pytest.mark.parametrize(("version", "video"), FORMATS)
+def test_a_written_dataset_reads_back_exactly(tmp_path: Path, version: str, video: bool) -> None:
+    episodes = make_episodes()
+    root = write_dataset(tmp_path / "ds", episodes, KEYS, version=version, video=video)
+    assert_same(episodes, read_dataset(root, KEYS, action_dim=7, state_dim=4))
+    info = info_of(root)
+    assert (info["codebase_version"], info["total_episodes"], info["total_frames"], info["total_tasks"]) == \
+        (version, 4, 19, 3)
+    image = info["features"]["observation.images.image"]
+    assert (image["dtype"], image["shape"]) == ("video" if video else "image", [64, 64, 3])
+    assert info["features"]["action"]["shape"] == [7] and info["features"]["observation.state"]["shape"] == [4]
+    if version == "v3.0":
+        assert (root / "data/chunk-000/file-000.parquet").is_file() and (root / "meta/stats.json").is_file()
+        assert (root / "videos/observation.images.wrist_image/chunk-000/file-000.mp4").is_file() == video
+        episodes_meta = pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+        assert [(e["dataset_from_index"], e["dataset_to_index"]) for e in episodes_meta] == \
+            [(0, 5), (5, 8), (8, 15), (15, 19)]
+        assert episodes_meta[1]["stats/action/count"] == [3]
+        stats = json.loads((root / "meta/stats.json").read_text())
+        actions = np.concatenate([e.actions for e in episodes]).astype(np.float64)
+        np.testing.assert_allclose(stats["action"]["mean"], actions.mean(0), atol=1e-9)
+        np.testing.assert_allclose(stats["action"]["std"], actions.std(0), atol=1e-9)
+        assert stats["action"]["count"] == [19] and np.shape(stats["observation.images.image"]["mean"]) == (3, 1, 1)
+    else:
+        assert (root / "data/chunk-000/episode_000003.parquet").is_file()
+        assert (root / "videos/chunk-000/observation.images.image/episode_000002.mp4").is_file() == video
+        assert len((root / "meta/episodes_stats.jsonl").read_text().splitlines()) == 4
+
+
+def test_v30_starts_new_files_at_its_size_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Limits of 0 MB: every episode opens a new data file and new video files, located by meta/episodes."""
+    monkeypatch.setattr(lerobot_v30, "DATA_FILE_MB", 0)
+    monkeypatch.setattr(lerobot_v30, "VIDEO_FILE_MB", 0)
+    episodes = make_episodes()
+    root = write_dataset(tmp_path / "ds", episodes, KEYS)
+    assert len(list((root / "data/chunk-000").glob("file-*.parquet"))) == 4
+    assert len(list((root / "videos/observation.images.image/chunk-000").glob("file-*.mp4"))) == 4
+    episodes_meta = pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    assert [e["videos/observation.images.image/from_timestamp"] for e in episodes_meta] == [0.0] * 4
+    assert_same(episodes, read_dataset(root, KEYS))
+
+
+@pytest.mark.parametrize("version", ["v2.1", "v3.0"])
+def test_an_unknown_success_reads_back_as_none(tmp_path: Path, version: str) -> None:
+    episodes = make_episodes(success=False)
+    root = write_dataset(tmp_path / "ds", episodes, KEYS, version=version, video=False)
+    assert "next.success" not in info_of(root)["features"]
+    assert [e.success for e in read_dataset(root, KEYS)] == [None] * 4
+
+
+def smooth_episodes() -> list[Episode]:
+    """Camera-like frames (smooth gradients moving over time), which a lossy codec keeps close."""
+    y, x = np.mgrid[0:64, 0:64]
+    frames = np.stack([np.stack([x * 2 + t * 3, y * 2 + t, 60 + x + y + t * 4], -1) for t in range(6)]).astype(np.uint8)
+    state, actions = np.zeros((6, 4), np.float32), np.ones((6, 7), np.float32)
+    return [Episode("look around", {"agentview": frames, "wrist": frames[:, ::-1].copy()}, state, actions, True)]
+
+
+def test_the_av1_codec_is_close(tmp_path: Path) -> None:
+    episodes = smooth_episodes()
+    root = write_dataset(tmp_path / "ds", episodes, KEYS, codec="av1")
+    assert info_of(root)["features"]["observation.images.image"]["info"]["video.codec"] == "av1"
+    read = read_dataset(root, KEYS)[0]
+    for camera, frames in episodes[0].images.items():
+        error = np.abs(read.images[camera].astype(int) - frames.astype(int))
+        assert read.images[camera].shape == frames.shape
+        assert error.mean() < 3 and error.max() < 24, (error.mean(), error.max())
+
+
+def file_digests(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*")
+            if p.is_file()}
+
+
+def test_writing_is_deterministic(tmp_path: Path) -> None:
+    first = write_dataset(tmp_path / "a", make_episodes(), KEYS)
+    second = write_dataset(tmp_path / "b", make_episodes(), KEYS)
+    assert file_digests(first) == file_digests(second)
+
+
+def test_a_dataset_is_not_written_over_another(tmp_path: Path) -> None:
+    root = write_dataset(tmp_path / "ds", make_episodes(), KEYS, video=False)
+    with pytest.raises(FileExistsError, match="not an empty folder"):
+        write_dataset(root, make_episodes(), KEYS)
+    (tmp_path / "empty").mkdir()
+    write_dataset(tmp_path / "empty", make_episodes(), KEYS, video=False)
+
+
+def test_an_episode_checks_its_arrays() -> None:
+    frames = np.zeros((3, 8, 8, 3), np.uint8)
+    with pytest.raises(ValueError, match=r"actions must be float32 \[T, A\], got float64"):
+        Episode("go", {"cam": frames}, np.zeros((3, 4), np.float32), np.zeros((3, 7)))
+    with pytest.raises(ValueError, match="same number of steps"):
+        Episode("go", {"cam": frames[:2]}, np.zeros((3, 4), np.float32), np.zeros((3, 7), np.float32))
+    assert len(Episode("go", {"cam": frames}, np.zeros((3, 4), np.float32), np.zeros((3, 7), np.float32))) == 3
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("recorded") / "ds", make_episodes(), KEYS, video=False)
+
+
+def edited(recorded: Path, tmp_path: Path, feature: str, shape: list[int]) -> Path:
+    """A copy of the recorded dataset's metadata with one feature's shape changed (no data: only metadata is read)."""
+    info = info_of(recorded)
+    info["features"][feature]["shape"] = shape
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "meta/info.json").write_text(json.dumps(info))
+    return tmp_path
+
+
+def refused(root: Path, keys: LeRobotKeys = KEYS, **checks: int | str) -> list[str]:
+    """dataset_problems' messages, checked to be what read_dataset raises."""
+    problems = dataset_problems(root, keys, **checks)
+    assert problems
+    with pytest.raises(DatasetError) as raised:
+        read_dataset(root, keys, **checks)
+    assert raised.value.problems == problems
+    return problems
+
+
+def test_a_missing_folder_is_refused(tmp_path: Path) -> None:
+    assert "no dataset folder" in refused(tmp_path / "nowhere")[0]
+
+
+def test_a_folder_without_info_json_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    assert "not a LeRobot dataset: it has no meta/info.json" in refused(tmp_path)[0]
+
+
+def test_an_unsupported_version_is_refused(recorded: Path, tmp_path: Path) -> None:
+    root = edited(recorded, tmp_path, "action", [7])
+    info = info_of(root) | {"codebase_version": "v2.0"}
+    (root / "meta/info.json").write_text(json.dumps(info))
+    (problem,) = refused(root)
+    assert "v2.0 dataset; only v2.1 and v3.0 are read" in problem and "convert" in problem
+
+
+def test_a_camera_key_missing_from_the_dataset_is_refused(recorded: Path) -> None:
+    keys = LeRobotKeys({"agentview": "observation.images.image", "wrist": "observation.images.hand"},
+                       setting="data.lerobot")
+    (problem,) = refused(recorded, keys)
+    assert "'observation.images.hand', which the dataset does not have" in problem
+    assert "data.lerobot.cameras['wrist']" in problem
+    assert "observation.images.image, observation.images.wrist_image" in problem
+
+
+def test_a_wrong_image_shape_is_refused(recorded: Path, tmp_path: Path) -> None:
+    (problem,) = refused(edited(recorded, tmp_path, "observation.images.wrist_image", [3, 64, 64]))
+    assert "'observation.images.wrist_image') has shape [3, 64, 64], not [height, width, 3]" in problem
+
+
+def test_an_action_dim_the_env_does_not_take_is_refused(recorded: Path) -> None:
+    (problem,) = refused(recorded, action_dim=6, state_dim=4, env_name="pick_place")
+    assert "dataset action ('action') has 7 dims, env.name=pick_place takes 6" in problem
+
+
+def test_a_state_dim_mismatch_is_refused(recorded: Path) -> None:
+    (problem,) = refused(recorded, action_dim=7, state_dim=8)
+    assert "dataset state ('observation.state') has 4 dims, the env gives 8" in problem
+
+
+def test_every_problem_is_said_at_once(recorded: Path, tmp_path: Path) -> None:
+    root = edited(recorded, tmp_path, "observation.state", [2, 2])
+    keys = LeRobotKeys({"agentview": "observation.images.front"}, action="actions")
+    problems = refused(root, keys, action_dim=7, state_dim=4)
+    assert len(problems) == 3
+    assert "not a 1-D vector" in problems[1] and "'actions' is not in the dataset" in problems[2]
+
+
+# Datasets laid out by hand the way LeRobot lays them out (pyarrow and PyAV directly), read without our writer.
+
+FPS = 10
+IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+
+
+def encode_video(path: Path, frames: np.ndarray) -> None:
+    """Frames end to end in one lossless H.264 (RGB) .mp4, frame k at k / FPS seconds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w", format="mp4") as container:
+        stream = container.add_stream("libx264rgb", rate=FPS, options={"qp": "0"})
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "rgb24"
+        for k, rgb in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            frame.pts, frame.time_base = k, Fraction(1, FPS)
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+
+
+def vector_column(values: np.ndarray) -> pa.Array:
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
+
+
+def data_table(episode: Episode, index: int, first: int, task: int, images: dict[str, pa.Array]) -> pa.Table:
+    steps = len(episode)
+    return pa.table({**images, "observation.state": vector_column(episode.state),
+                     "action": vector_column(episode.actions),
+                     "timestamp": pa.array(np.arange(steps, dtype=np.float32) / FPS),
+                     "frame_index": pa.array(np.arange(steps)), "episode_index": pa.array(np.full(steps, index)),
+                     "index": pa.array(first + np.arange(steps)), "task_index": pa.array(np.full(steps, task))})
+
+
+def lerobot_features(dtype: str) -> dict:
+    image = {"dtype": dtype, "shape": [64, 64, 3], "names": ["height", "width", "channels"]}
+    scalar = {"shape": [1], "names": None}
+    return {"observation.images.image": image, "observation.images.wrist_image": dict(image),
+            "observation.state": {"dtype": "float32", "shape": [4], "names": ["x", "y", "z", "grip"]},
+            "action": {"dtype": "float32", "shape": [7], "names": None},
+            "timestamp": {"dtype": "float32", **scalar}, "frame_index": {"dtype": "int64", **scalar},
+            "episode_index": {"dtype": "int64", **scalar}, "index": {"dtype": "int64", **scalar},
+            "task_index": {"dtype": "int64", **scalar}}
+
+
+def write_v30_tasks(root: Path, tasks: list[str]) -> None:
+    """meta/tasks.parquet as pandas writes a frame indexed by task text."""
+    pandas = {"index_columns": ["task"], "column_indexes": [], "columns": [
+        {"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64",
+         "metadata": None},
+        {"name": "task", "field_name": "task", "pandas_type": "unicode", "numpy_type": "object", "metadata": None}]}
+    schema = pa.schema([("task_index", pa.int64()), ("task", pa.string())], metadata={"pandas": json.dumps(pandas)})
+    pq.write_table(pa.table({"task_index": list(range(len(tasks))), "task": tasks}, schema=schema),
+                   root / "meta/tasks.parquet")
+
+
+def test_a_v30_dataset_laid_out_as_lerobot_does_reads(tmp_path: Path) -> None:
+    """Two episodes in two data files, each camera's episodes end to end in one video file."""
+    episodes = make_episodes()[:2]
+    root, cameras = tmp_path / "lerobot_v30", dict(KEYS.cameras)
+    (root / "meta/episodes/chunk-000").mkdir(parents=True)
+    for camera, key in cameras.items():
+        frames = np.concatenate([e.images[camera] for e in episodes])
+        encode_video(root / f"videos/{key}/chunk-000/file-000.mp4", frames)
+    rows, first = [], 0
+    for i, episode in enumerate(episodes):
+        path = root / f"data/chunk-000/file-{i:03d}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(data_table(episode, i, first, task=1 - i, images={}), path)
+        row = {"episode_index": i, "tasks": [episode.instruction], "length": len(episode), "data/chunk_index": 0,
+               "data/file_index": i, "dataset_from_index": first, "dataset_to_index": first + len(episode)}
+        for key in cameras.values():
+            row |= {f"videos/{key}/chunk_index": 0, f"videos/{key}/file_index": 0,
+                    f"videos/{key}/from_timestamp": first / FPS,
+                    f"videos/{key}/to_timestamp": (first + len(episode)) / FPS}
+        rows.append(row | {"stats/action/count": [len(episode)], "meta/episodes/chunk_index": 0,
+                           "meta/episodes/file_index": 0})
+        first += len(episode)
+    pq.write_table(pa.Table.from_pylist(rows), root / "meta/episodes/chunk-000/file-000.parquet")
+    write_v30_tasks(root, [episodes[1].instruction, episodes[0].instruction])
+    info = {"codebase_version": "v3.0", "robot_type": "panda", "total_episodes": 2, "total_frames": first,
+            "total_tasks": 2, "chunks_size": 1000, "data_files_size_in_mb": 100, "video_files_size_in_mb": 200,
+            "fps": FPS, "splits": {"train": "0:2"},
+            "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+            "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
+            "features": lerobot_features("video")}
+    (root / "meta/info.json").write_text(json.dumps(info))
+    expected = [Episode(e.instruction, e.images, e.state, e.actions, None) for e in episodes]
+    assert_same(expected, read_dataset(root, KEYS, action_dim=7, state_dim=4))
+    small = read_dataset(root, KEYS, image_size=32)
+    assert small[0].images["wrist"].shape == (5, 32, 32, 3)
+
+
+def png(frame: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(frame).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_a_v21_dataset_with_image_files_reads(tmp_path: Path) -> None:
+    """Images as PNG bytes (one camera) and as files named by path (the other), vectors as variable-length lists,
+    success as gym recordings keep it (next.reward, next.done, next.success per frame)."""
+    episodes = make_episodes()[:2]
+    root = tmp_path / "lerobot_v21"
+    for i, episode in enumerate(episodes):
+        paths = []
+        for t, frame in enumerate(episode.images["wrist"]):
+            path = f"images/observation.images.wrist_image/episode_{i:06d}/frame_{t:06d}.png"
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(png(frame))
+            paths.append({"bytes": None, "path": path})
+        images = {"observation.images.image": pa.array([{"bytes": png(f), "path": None}
+                                                        for f in episode.images["agentview"]], IMAGE_TYPE),
+                  "observation.images.wrist_image": pa.array(paths, IMAGE_TYPE)}
+        table = data_table(episode, i, 5 * i, task=i, images=images)
+        table = table.set_column(table.schema.get_field_index("observation.state"), "observation.state",
+                                 pa.array(episode.state.tolist(), pa.list_(pa.float32())))
+        last = np.arange(len(episode)) == len(episode) - 1
+        table = table.append_column("next.reward", pa.array(last * float(episode.success), pa.float32()))
+        table = table.append_column("next.done", pa.array(last)).append_column("next.success",
+                                                                               pa.array(last & episode.success))
+        (root / "data/chunk-000").mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, root / f"data/chunk-000/episode_{i:06d}.parquet")
+    lines = {"tasks.jsonl": [{"task_index": i, "task": e.instruction} for i, e in enumerate(episodes)],
+             "episodes.jsonl": [{"episode_index": i, "tasks": [e.instruction], "length": len(e)}
+                                for i, e in enumerate(episodes)]}
+    (root / "meta").mkdir()
+    for name, rows in lines.items():
+        (root / "meta" / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    outcome = (("next.reward", "float32"), ("next.done", "bool"), ("next.success", "bool"))
+    features = lerobot_features("image") | {k: {"dtype": d, "shape": [1], "names": None} for k, d in outcome}
+    info = {"codebase_version": "v2.1", "robot_type": "panda", "total_episodes": 2, "total_frames": 8, "total_tasks": 2,
+            "total_videos": 0, "total_chunks": 1, "chunks_size": 1000, "fps": FPS, "splits": {"train": "0:2"},
+            "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet", "video_path": None,
+            "features": features}
+    (root / "meta/info.json").write_text(json.dumps(info))
+    assert_same(episodes, read_dataset(root, KEYS, action_dim=7, state_dim=4))
