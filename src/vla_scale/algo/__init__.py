@@ -1,4 +1,5 @@
-"""GRPO: group advantages, dynamic-sampling filter, loss masks and weights, clipped policy loss, log-prob helpers."""
+"""GRPO (group advantages, dynamic-sampling filter, loss masks and weights, clipped policy loss, log-prob helpers) and
+the supervised losses of fine-tuning on demonstrations."""
 
 from vla_scale.algo.grpo import (
     LOSS_AGGREGATIONS,
@@ -16,8 +17,11 @@ from vla_scale.algo.grpo import (
     token_weights,
     truncated_is_weights,
 )
+from vla_scale.algo.supervised import SUPERVISED_HEADS, supervised_loss
 
 __all__ = [
+    "SUPERVISED_HEADS",
+    "supervised_loss",
     "LOSS_AGGREGATIONS",
     "OLD_LOGPROBS",
     "clipped_policy_loss",

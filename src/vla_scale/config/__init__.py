@@ -9,6 +9,7 @@ from vla_scale.config.checks import (
     lora_problems,
     published_protocol_problems,
     range_problems,
+    sft_problems,
     validate,
     value_at,
 )
@@ -21,12 +22,15 @@ from vla_scale.config.schema import (
     Config,
     ConfigError,
     DeepSpeedConfig,
+    DemoConfig,
     DisaggSimConfig,
     EnvConfig,
     LoraConfig,
     ModelConfig,
     ParallelConfig,
+    RecordConfig,
     RolloutConfig,
+    SftConfig,
     as_yaml,
     init_state_ids,
     register_configs,
@@ -35,9 +39,9 @@ from vla_scale.config.schema import (
 
 __all__ = [
     "BOUNDS", "CHOICES", "LORA_ALL_LINEAR", "LORA_TARGETS", "MOVED_KEYS", "PUBLISHED_INIT_STATES",
-    "UPPER", "AlgoConfig", "Config", "ConfigError", "DeepSpeedConfig", "DisaggSimConfig",
-    "EnvConfig", "LoraConfig", "ModelConfig", "ParallelConfig", "RolloutConfig",
+    "UPPER", "AlgoConfig", "Config", "ConfigError", "DeepSpeedConfig", "DemoConfig", "DisaggSimConfig",
+    "EnvConfig", "LoraConfig", "ModelConfig", "ParallelConfig", "RecordConfig", "RolloutConfig", "SftConfig",
     "as_yaml", "explicit_keys", "init_state_ids", "lora_problems",
     "moved_key_error", "moved_key_problems", "published_protocol_problems", "range_problems", "register_configs",
-    "to_config", "validate", "value_at",
+    "sft_problems", "to_config", "validate", "value_at",
 ]

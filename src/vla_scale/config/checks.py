@@ -21,6 +21,8 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "model.image_resize": ("bicubic", "jpeg_lanczos3"),
     "deepspeed.zero_stage": (0, 1, 2, 3),
     "env.rollout.precision": ("bf16", "fp8"),
+    "record.episodes": ("all", "successes"),
+    "record.version": ("v3.0", "v2.1"),
 }
 """Keys whose value must be one of a few names (the loss options, the LIBERO scene modes and env.name/env.suite are
 checked against the modules that define them)."""
@@ -54,6 +56,12 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     "deepspeed.param_persistence_threshold": AT_LEAST_0,
     **{f"deepspeed.{k}": AT_LEAST_1 for k in ("prefetch_bucket_size", "max_live_parameters", "sync_bucket_mb",
                                              "sync_verify_every", "sub_group_size")},
+    **{f"sft.{k}": AT_LEAST_1 for k in ("steps", "batch_size", "micro_batches", "log_every")},
+    **{f"sft.{k}": AT_LEAST_0 for k in ("weight_decay", "grad_clip", "save_every")},
+    "sft.lr": POSITIVE,
+    "record.fps": AT_LEAST_1,
+    "demo.episodes": AT_LEAST_1,
+    "demo.noise": AT_LEAST_0,
     **{k: AT_LEAST_1 for k in ("steps", "eval_every")},
     **{k: AT_LEAST_0 for k in ("seed", "save_every")},
 }
@@ -183,6 +191,18 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
     return cfg
+
+
+def sft_problems(cfg: Config, world_size: int = 1) -> list[str]:
+    """What keeps launch/sft.py from running `cfg` on `world_size` ranks (beyond `validate`'s checks)."""
+    s, problems = cfg.sft, []
+    if not s.dataset:
+        problems.append("sft.dataset is not set: name a LeRobot-format dataset folder (launch/demonstrate.py or "
+                        "launch/eval.py record.path=... write one)")
+    if s.micro_batches >= 1 and s.batch_size % (world_size * s.micro_batches):
+        problems.append(f"sft.batch_size={s.batch_size} must split evenly into {world_size} rank(s) x "
+                        f"sft.micro_batches={s.micro_batches}: use a multiple of {world_size * s.micro_batches}")
+    return problems
 
 
 def known_simulator(env: EnvConfig) -> tuple[Simulator | None, list[str]]:

@@ -315,6 +315,57 @@ class DeepSpeedConfig:
 
 
 @dataclass
+class SftConfig:
+    dataset: str = ""
+    """The LeRobot-format dataset (v2.1 or v3.0 folder) that launch/sft.py trains on."""
+    cameras: dict[str, str] = field(default_factory=dict)
+    """The policy's camera name -> the dataset's image feature key (cameras not named: observation.images.<name>)."""
+    state_key: str = "observation.state"
+    """The dataset feature holding the proprio state the env gives."""
+    action_key: str = "action"
+    """The dataset feature holding the actions the env took."""
+    steps: int = 500
+    """Optimizer steps of supervised fine-tuning."""
+    batch_size: int = 64
+    """Examples (env steps of the demonstrations) per optimizer step, over all ranks."""
+    micro_batches: int = 1
+    """Gradient accumulation steps each optimizer step is split into (per rank)."""
+    lr: float = 5e-4
+    """AdamW learning rate (OpenVLA-OFT's fine-tuning rate)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Gradient norm clip."""
+    save_every: int = 0
+    """Write a checkpoint every this many steps besides the one at the end (0: only at the end)."""
+    log_every: int = 10
+    """Log the loss to TensorBoard every this many steps."""
+
+
+@dataclass
+class RecordConfig:
+    path: str = ""
+    """Write the episodes launch/eval.py (or launch/demonstrate.py) plays to this new folder as a LeRobot dataset
+    ('': record nothing)."""
+    episodes: str = "all"
+    """Which episodes to record: all, or successes."""
+    version: str = "v3.0"
+    """LeRobot layout to write: v3.0 or v2.1."""
+    video: bool = True
+    """Cameras as lossless H.264 .mp4 files (false: PNG images inside the data files)."""
+    fps: int = 10
+    """Frames per second the dataset declares."""
+
+
+@dataclass
+class DemoConfig:
+    episodes: int = 100
+    """Demonstrations launch/demonstrate.py plays, spread evenly over the suite's tasks on TRAIN init states."""
+    noise: float = 0.2
+    """Std of the Gaussian noise on the scripted demonstrator's xyz actions (action units)."""
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy."""
@@ -326,6 +377,12 @@ class Config:
     """Ray and process placement."""
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     """The DeepSpeed actor."""
+    sft: SftConfig = field(default_factory=SftConfig)
+    """Supervised fine-tuning on demonstrations (launch/sft.py)."""
+    record: RecordConfig = field(default_factory=RecordConfig)
+    """Recording played episodes as a LeRobot dataset (launch/eval.py, launch/demonstrate.py)."""
+    demo: DemoConfig = field(default_factory=DemoConfig)
+    """The scripted demonstrations of launch/demonstrate.py."""
     seed: int = 0
     """Seed of the task sampler, the model init and the rollout sampling."""
     deterministic: bool = False

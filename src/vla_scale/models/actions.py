@@ -75,6 +75,12 @@ class DatasetStats:
     def action_dim(self) -> int:
         return int(self.action_low.shape[0])
 
+    def normalize_actions(self, actions: np.ndarray) -> np.ndarray:
+        """Robot actions -> [-1, 1] (clipped) where `mask`, other dimensions unchanged: the official training-side
+        `normalize_action_and_proprio`, the inverse of `unnormalize_actions` inside the bounds."""
+        scaled = 2 * (actions - self.action_low) / (self.action_high - self.action_low + 1e-8) - 1
+        return np.where(self.action_mask, np.clip(scaled, -1.0, 1.0), actions)
+
     def unnormalize_actions(self, normalized: np.ndarray) -> np.ndarray:
         """[-1, 1] -> robot actions where `mask`; other dimensions unchanged (official `_unnormalize_actions`)."""
         scaled = 0.5 * (normalized + 1) * (self.action_high - self.action_low + 1e-8) + self.action_low

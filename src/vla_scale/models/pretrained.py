@@ -36,6 +36,7 @@ from vla_scale.config import ConfigError, EnvConfig, ModelConfig
 from vla_scale.envs.registry import simulator
 from vla_scale.envs.types import Observation
 from vla_scale.models.action_heads import l1_head_shapes
+from vla_scale.models.actions import DatasetStats
 from vla_scale.models.checkpoint_io import (
     CONFIG,
     PREPROCESSOR,
@@ -83,7 +84,7 @@ class PretrainedVLA:
         self.weights, self.adapters = weights, adapters
         """The checkpoint folder the policy's weights come from ('': a fresh random init); LoRA adapter folders
         merged into them."""
-        self.convention = "openvla" if spec.norm_stats else "env"
+        self.convention = spec.resolved_convention
         self.env_actions = simulator(env).action_postprocess(self.convention)
         """Un-normalised actions [..., A] -> what the env steps with (the env's post-processing)."""
         self._policy: OFTPolicy | None = None
@@ -226,6 +227,16 @@ class PretrainedVLA:
         read_adapters(folder)
         return PretrainedVLA(self.spec, self.tokenizer, self.processor, self.env, f"{self.source} + adapters {folder}",
                              self.weights, (*self.adapters, folder))
+
+    def with_statistics(self, key: str, stats: dict[str, Any]) -> PretrainedVLA:
+        """This source with `stats` (one `dataset_statistics.json` entry) as the statistics its actions and proprio
+        are normalised with, under `key`, the actions staying in the env's convention: the policy supervised
+        fine-tuning trains, and saves with its statistics. Weights and adapters are this source's."""
+        spec = replace(self.spec, norm_stats={key: stats}, unnorm_key=key, action_convention="env")
+        processor = Processor(self.tokenizer, self.processor.transform, self.cameras,
+                              DatasetStats.from_json(stats, spec.normalization), self.max_text_len)
+        return PretrainedVLA(spec, self.tokenizer, processor, self.env, f"{self.source} + statistics {key!r}",
+                             self.weights, self.adapters)
 
     # ---- the stable surface -----------------------------------------------------------------------------------------
     @property

@@ -74,6 +74,9 @@ VISION_BACKBONES: dict[str, tuple[list[str], int, list[str | None]]] = {
 """OpenVLAConfig's vision_backbone_id -> (timm ids, image size, activation overrides)."""
 
 ATTENTION_MODES = ("bidirectional", "causal")
+ACTION_CONVENTIONS = ("env", "openvla")
+"""Whose convention a policy's un-normalised actions are in (envs/simulator.py): the env's own (policies trained
+here, by RL from scratch or by SFT on the env's demonstrations) or OpenVLA's (official fine-tunes)."""
 ACTION_HEADS = ("tokens", "l1")
 """What reads actions off the backbone (models/action_heads.py; `model.action_head=auto` resolves to one)."""
 
@@ -101,6 +104,7 @@ class OFTSpec:
     use_proprio: bool = True  # feed the proprio token (False: the official discrete path, which drops it)
     action_head: str = "tokens"  # models/action_heads.HEADS: the LM head's bins, or the L1-regression MLP
     log_std_init: float = -1.0  # the l1 head's Gaussian: initial log-std per action dimension
+    action_convention: str = ""  # ACTION_CONVENTIONS; "": OpenVLA's when the policy has statistics, else the env's
     norm_stats: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)  # official config.json fields kept for saving (the file read)
 
@@ -123,6 +127,12 @@ class OFTSpec:
     @property
     def num_action_tokens(self) -> int:
         return self.chunk_len * self.action_dim
+
+    @property
+    def resolved_convention(self) -> str:
+        """The convention of the policy's actions: as saved, else OpenVLA's for a folder with statistics (an
+        official fine-tune), else the env's."""
+        return self.action_convention or ("openvla" if self.norm_stats else "env")
 
 
 def _llm_kwargs(text_config: dict[str, Any], pad_token_id: int) -> dict[str, Any]:
@@ -188,7 +198,7 @@ def spec_from_openvla(config: dict[str, Any], proprio_dim: int | None = None, **
         raw=copy.deepcopy(config),
         **constants,
         **{k: ours[k] for k in ("attention", "learned_action_queries", "ordinal_bin_init", "unnorm_key",
-                                "action_head", "log_std_init") if k in ours},
+                                "action_head", "log_std_init", "action_convention") if k in ours},
     )
     spec = replace(spec, **overrides)
     _check(spec)
@@ -202,6 +212,8 @@ def _check(spec: OFTSpec) -> None:
         raise ValueError(f"image_resize={spec.image_resize!r}: choose one of {IMAGE_RESIZES}")
     if spec.action_head not in ACTION_HEADS:
         raise ValueError(f"action_head={spec.action_head!r}: choose one of {ACTION_HEADS}")
+    if spec.action_convention not in ("", *ACTION_CONVENTIONS):
+        raise ValueError(f"action_convention={spec.action_convention!r}: choose one of {ACTION_CONVENTIONS}")
     if spec.num_images < 1:
         raise ValueError(f"num_images={spec.num_images} must be >= 1")
     if spec.action_token_begin < 0:
@@ -228,7 +240,7 @@ def openvla_config(spec: OFTSpec) -> dict[str, Any]:
         "ordinal_bin_init": spec.ordinal_bin_init, "center_crop": spec.center_crop, "unnorm_key": spec.unnorm_key,
         "num_images": spec.num_images, "image_resize": spec.image_resize, "camera_resolution": spec.camera_resolution,
         "action_head": spec.action_head, "log_std_init": spec.log_std_init,
-        "vision_towers": [t.to_dict() for t in spec.towers],
+        "action_convention": spec.resolved_convention, "vision_towers": [t.to_dict() for t in spec.towers],
     }
     return config
 

@@ -1,5 +1,5 @@
 """The actor: the trainable policy inside a DeepSpeed engine (ZeRO stage from config), its GRPO update in
-micro-batches.
+micro-batches, and the supervised step of fine-tuning on demonstrations.
 
 Under `python launch/train.py` this is a world of one process (gloo on CPU); under `deepspeed`/`torchrun` every rank
 holds its ZeRO shard. With ZeRO-3 the policy is built under `deepspeed.zero.Init`, so no rank materialises the
@@ -17,9 +17,9 @@ import torch
 from deepspeed.utils import set_z3_leaf_modules
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from vla_scale.algo import clipped_policy_loss, truncated_is_weights
+from vla_scale.algo import clipped_policy_loss, supervised_loss, truncated_is_weights
 from vla_scale.batches import MicroBatch
-from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig
+from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig, SftConfig
 from vla_scale.models.lora import add_adapters
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.models.vision import Block
@@ -29,7 +29,12 @@ REDUCE_BUCKET_SIZE = 500_000_000
 """DeepSpeed's default gradient reduce bucket, in elements."""
 
 
-def deepspeed_config(ds: DeepSpeedConfig, algo: AlgoConfig) -> dict[str, Any]:
+Training = AlgoConfig | SftConfig
+"""What the actor's optimizer and accumulation read (lr, weight_decay, grad_clip, micro_batches): RL's algorithm or
+supervised fine-tuning's settings."""
+
+
+def deepspeed_config(ds: DeepSpeedConfig, algo: Training) -> dict[str, Any]:
     """The DeepSpeed JSON config for the actor."""
     zero: dict[str, Any] = {"stage": ds.zero_stage}
     if ds.offload_optimizer and ds.zero_stage > 0:
@@ -65,7 +70,7 @@ class UpdateStats:
 class Actor:
     """Recomputes log-probs and applies the GRPO update through DeepSpeed."""
 
-    def __init__(self, build: Callable[[bool], OFTPolicy], ds: DeepSpeedConfig, algo: AlgoConfig,
+    def __init__(self, build: Callable[[bool], OFTPolicy], ds: DeepSpeedConfig, algo: Training,
                  lora: LoraConfig | None = None):
         """`build(zero3_init)` constructs the policy; it is called inside `deepspeed.zero.Init` for ZeRO-3. With
         `lora.rank` > 0 the policy gets adapters and only they train (`models/lora.py`)."""
@@ -106,7 +111,7 @@ class Actor:
         zero = self.ds_config["zero_optimization"]
         zero["reduce_bucket_size"] = min(REDUCE_BUCKET_SIZE, max(trained_numel, 1))
 
-    def configure(self, ds: DeepSpeedConfig, algo: AlgoConfig) -> None:
+    def configure(self, ds: DeepSpeedConfig, algo: Training) -> None:
         """The settings of how updates run that may change between updates: the loss's (`algo`), prompt trimming and
         whether the optimizer states stream through the step (turned on: they leave the GPU now; off: they come
         back). The DeepSpeed engine itself (ZeRO stage, precision, checkpointing) stays as it was built."""
@@ -175,6 +180,25 @@ class Actor:
             torch.cuda.current_stream().synchronize()  # the last sub-groups' states have reached the host buffers
         stats["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
         return UpdateStats(stats, forward_logprobs)
+
+    def supervised_update(self, micro_batches: list[tuple[PolicyInputs, torch.Tensor]]) -> dict[str, float]:
+        """One optimizer step of supervised fine-tuning over `micro_batches` of (inputs, targets), accumulated: each
+        micro-batch's loss (`algo.supervised_loss` of the policy's head) weighs by its share of the examples, so the
+        split never changes the step. Returns the loss and the head's own measure, example-weighted, and the
+        gradient norm."""
+        self.engine.train()
+        total = sum(len(targets) for _, targets in micro_batches)
+        stats: dict[str, float] = {}
+        for index, (inputs, targets) in enumerate(micro_batches):
+            share = len(targets) / total
+            self.engine.set_gradient_accumulation_boundary(index == len(micro_batches) - 1)
+            loss, info = supervised_loss(self._forward(inputs), targets.to(self.device), self.policy.spec.action_head)
+            self.engine.backward(loss * share, scale_wrt_gas=False)
+            self.engine.step()
+            for key, value in {"loss": loss.item(), **info}.items():
+                stats[key] = stats.get(key, 0.0) + value * share
+        stats["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
+        return stats
 
     @torch.no_grad()
     def logprobs(self, inputs: PolicyInputs, tokens: torch.Tensor) -> torch.Tensor:
