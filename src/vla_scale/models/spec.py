@@ -240,7 +240,7 @@ def openvla_config(spec: OFTSpec) -> dict[str, Any]:
         "ordinal_bin_init": spec.ordinal_bin_init, "center_crop": spec.center_crop, "unnorm_key": spec.unnorm_key,
         "num_images": spec.num_images, "image_resize": spec.image_resize, "camera_resolution": spec.camera_resolution,
         "action_head": spec.action_head, "log_std_init": spec.log_std_init,
-        "action_convention": spec.resolved_convention, "vision_towers": [t.to_dict() for t in spec.towers],
+        "action_convention": spec.action_convention, "vision_towers": [t.to_dict() for t in spec.towers],
     }
     return config
 
