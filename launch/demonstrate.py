@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 import sys
 
-import hydra
-from omegaconf import DictConfig
+os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco's import: the simulator renders headless here
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
 
 from vla_scale.config import Config, ConfigError, init_state_ids, register_configs, to_config, validate
-from vla_scale.envs.types import TaskSpec
+from vla_scale.envs.types import TaskSpec  # noqa: E402
 
 register_configs()
 
