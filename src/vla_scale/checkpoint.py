@@ -16,14 +16,22 @@ import os
 import random
 import resource
 import shutil
-from typing import Any
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models.checkpoint_io import LATEST, RUN_CHECKPOINTS, write_folder
 from vla_scale.parallel.sync.weight_sync import gathered_buckets
+from vla_scale.run_setup import mean_over_ranks
+
+if TYPE_CHECKING:
+    from vla_scale.models import PretrainedVLA
+    from vla_scale.parallel.actor import Actor
 
 
 def rng_state() -> dict[str, Any]:
@@ -146,6 +154,47 @@ def publish(run_dir: str, partial: str, tag: str) -> None:
     mark_latest(run_dir, tag)
 
 
+def write_checkpoint(run_dir: str, step: int, actor: Actor, vla: PretrainedVLA, state: dict[str, Any],
+                     groups: dict[str, Any], bucket_mb: float, lora: Any,
+                     on_device: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
+    """Step `step`'s checkpoint, the same for the RL and the supervised run: DeepSpeed's files, this rank's `state`,
+    the run's config `groups` (`write_run_config`), the policy as a checkpoint folder (and a LoRA policy's adapters
+    alone), written into `step_<k>.partial` and renamed to `step_<k>` only when every rank has written its part, then
+    named by `latest`: a run killed at any point leaves `latest` naming a complete checkpoint. A write that fails (a
+    full disk, a file-size limit) removes the partial folder and raises `CheckpointWriteError` naming the path and
+    the bytes needed; the previous checkpoint stays latest. `on_device`: where the optimizer state must be while
+    DeepSpeed saves it. Every rank calls it."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    tag, root = f"step_{step}", checkpoint_root(run_dir)
+    partial = partial_tag(tag)
+    folder = os.path.join(root, partial)
+    if rank == 0:
+        remove_folder(folder)  # left by a run killed while writing it
+    _barrier(world)
+    problem = space_problem(run_dir, actor.policy) if rank == 0 else ""
+    if mean_over_ranks(float(bool(problem)), world, actor.device) > 0:  # every rank stops before a collective
+        raise CheckpointWriteError(problem or "rank 0 cannot write the checkpoint (its error says why)")
+    try:
+        with on_device():
+            actor.save(root, partial, {"step": step})
+        write_trainer_state(folder, rank, state)
+        if rank == 0:
+            write_run_config(folder, groups, world)
+        save_policy_folder(actor.policy, folder, vla.tokenizer, bucket_mb, rank == 0)
+        if actor.adapted:  # the adapters alone too, in PEFT's layout
+            save_adapters(actor.policy, folder, lora, bucket_mb, rank == 0, vla.source)
+    except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
+        raise write_failure(run_dir, folder, err, actor.policy) from err
+    _barrier(world)
+    if rank == 0:
+        publish(run_dir, partial, tag)
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
 def space_problem(run_dir: str, module: torch.nn.Module) -> str:
     """Why the next checkpoint cannot be written, seen before writing it ('' when it can): fewer bytes free in the
     run directory than it needs, or a file-size limit on this process below its largest file."""
@@ -202,12 +251,13 @@ def mark_latest(run_dir: str, tag: str) -> None:
 
 
 RUN_CONFIG = "run_config.json"
-"""Beside each checkpoint's trainer state: the model and algorithm it was trained with and its number of ranks."""
+"""Beside each checkpoint's trainer state: the config groups it was trained with (the RL run's `model` and `algo`,
+supervised fine-tuning's `model` and `sft`) and its number of ranks."""
 
 
-def write_run_config(directory: str, model: Any, algo: Any, ranks: int) -> None:
-    """What a resumed run must match (`resume_problems`); dataclasses as plain JSON."""
-    data = {"model": dataclasses.asdict(model), "algo": dataclasses.asdict(algo), "ranks": ranks}
+def write_run_config(directory: str, groups: dict[str, Any], ranks: int) -> None:
+    """What a resumed run must match (`resume_problems`): each config group (name -> dataclass) as plain JSON."""
+    data = {**{name: dataclasses.asdict(group) for name, group in groups.items()}, "ranks": ranks}
     with open(os.path.join(directory, RUN_CONFIG), "w") as f:
         json.dump(data, f, indent=1)
 
@@ -240,10 +290,11 @@ def config_differences(saved: dict[str, Any], group: str, now: Any, may_differ: 
             if key not in may_differ and key in saved and saved[key] != _plain(value)]
 
 
-def resume_problems(run_dir: str, model: Any, algo: Any, ranks: int) -> list[str]:
-    """Why `run_dir` cannot be resumed with this model, algorithm and number of ranks (empty when it can): no
-    checkpoint, a `latest` naming a missing step, a missing or unreadable state file, or any model / algo field or
-    the rank count differing from what the run trained with. Reads files only; writes none."""
+def resume_problems(run_dir: str, groups: dict[str, Any], ranks: int) -> list[str]:
+    """Why `run_dir` cannot be resumed with these config groups (name -> dataclass, as `write_run_config` saved
+    them) and number of ranks (empty when it can): no checkpoint, a `latest` naming a missing step, a missing or
+    unreadable state file, a group the run did not save, or any field of a group or the rank count differing from
+    what the run trained with. Reads files only; writes none."""
     root = checkpoint_root(run_dir)
     tag = latest_tag(run_dir)
     if tag is None:
@@ -259,7 +310,14 @@ def resume_problems(run_dir: str, model: Any, algo: Any, ranks: int) -> list[str
             return [problem]
     problems = []
     if saved is not None:
-        problems += config_differences(saved["model"], "model", model) + config_differences(saved["algo"], "algo", algo)
+        for name, group in groups.items():
+            if name not in saved:
+                kinds = sorted(set(saved) - {"ranks", "model"})
+                problems.append(f"{run_dir} was not written by this kind of run (its checkpoint holds "
+                                f"{', '.join(kinds)}, not {name}): start a new run_dir, or load its policy with "
+                                f"model.checkpoint={run_dir}")
+            else:
+                problems += config_differences(saved[name], name, group)
         if saved["ranks"] != ranks:
             problems.append(f"the run trained on {saved['ranks']} rank(s), this command has {ranks}: resume with the "
                             "same number of ranks")

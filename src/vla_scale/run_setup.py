@@ -1,5 +1,6 @@
-"""What starting a run takes, for both entry scripts and the trainer: the process group joined (or created), and the
-configuration with what the policy decides filled in."""
+"""What starting a run takes, for the entry scripts and both trainers (RL and supervised): the process group joined
+(or created), same-seed runs made repeatable, the configuration with what the policy decides filled in, and the one
+collective both loops ask (a value's mean over the ranks)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,27 @@ def init_distributed() -> tuple[int, int]:
         else:
             _init_alone(lambda: deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False))
     return dist.get_rank(), dist.get_world_size()
+
+
+def mean_over_ranks(value: float, world: int, device: torch.device) -> float:
+    """`value`'s mean over the ranks (every rank must call it equally often: it is a collective). `device`: where
+    this rank's tensors live (NCCL reduces device tensors only)."""
+    if world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.item() / world
+
+
+def make_deterministic() -> None:
+    """What makes a same-seed run repeat bit for bit: CPU float sums split over several threads land in an order
+    that varies from run to run, so one intra-op thread; on GPU, deterministic kernels (cuBLAS needs its workspace
+    size fixed before its first call)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.set_num_threads(1)
+    if torch.cuda.is_available():
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
 
 
 def resolved_config(cfg: Config, vla: PretrainedVLA) -> Config:

@@ -43,7 +43,7 @@ from vla_scale.rollout.fp8 import fp8_problem
 from vla_scale.rollout.sampler import TaskSampler, eval_specs
 from vla_scale.rollout.stack import max_chunks, needs_ray, play_eval, start_fleet, start_ray_for
 from vla_scale.run_log import RunLogger, progress
-from vla_scale.run_setup import init_distributed, resolved_config
+from vla_scale.run_setup import init_distributed, make_deterministic, mean_over_ranks, resolved_config
 from vla_scale.stop_signals import Preempted, StopSignals
 
 
@@ -137,17 +137,6 @@ class RunComplete(Exception):
     """A resumed run has already reached `steps`: there is nothing to do (the entry script exits 0)."""
 
 
-def make_deterministic() -> None:
-    """What makes a same-seed run repeat bit for bit: CPU float sums split over several threads land in an order
-    that varies from run to run, so one intra-op thread; on GPU, deterministic kernels (cuBLAS needs its workspace
-    size fixed before its first call)."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.set_num_threads(1)
-    if torch.cuda.is_available():
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
-
-
 class Trainer:
     def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = ()):
         """Joins the process group (`init_distributed`) and checks, starting nothing else: the configuration, the Ray
@@ -169,7 +158,7 @@ class Trainer:
         self.cfg = cfg = resolved_config(cfg, self.vla)
         self.run_dir = run_dir
         if cfg.resume:  # before anything starts: the run must be resumable with this configuration
-            problems = checkpoint.resume_problems(run_dir, cfg.model, cfg.algo, self.world)
+            problems = checkpoint.resume_problems(run_dir, self.run_groups(), self.world)
             if problems:
                 raise ConfigError("cannot resume " + run_dir + ":\n  - " + "\n  - ".join(problems))
             done = checkpoint.latest_step(run_dir)
@@ -185,6 +174,10 @@ class Trainer:
         self.fleet: SimFleet | None = None
         self.stop = StopSignals()
         self.ready = False
+
+    def run_groups(self) -> dict:
+        """The config groups a checkpoint records and a resume must match."""
+        return {"model": self.cfg.model, "algo": self.cfg.algo}
 
     def setup(self) -> None:
         """Start everything the checks in the constructor cleared: the run's logger, the DeepSpeed actor, the rollout
@@ -331,11 +324,7 @@ class Trainer:
 
     def mean_over_ranks(self, value: float) -> float:
         """`value`'s mean over the ranks (every rank must call it equally often: it is a collective)."""
-        if self.world == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=self.actor.device)  # NCCL reduces device tensors only
-        dist.all_reduce(t)
-        return t.item() / self.world
+        return mean_over_ranks(value, self.world, self.actor.device)
 
     # ---- update -----------------------------------------------------------------------------------------------------
     def update(self, batch: StepBatch) -> dict[str, float]:
@@ -411,40 +400,11 @@ class Trainer:
 
     def save(self, state: dict | None = None) -> None:
         """A checkpoint of this step, written into `step_<k>.partial` and renamed to `step_<k>` only when every rank
-        has written its part, then named by `latest`: a trainer killed at any point leaves `latest` naming a complete
-        checkpoint. A write that fails (a full disk, a file-size limit) removes the partial folder and raises
-        `checkpoint.CheckpointWriteError` naming the path and the bytes needed; the previous checkpoint stays latest."""
-        tag = f"step_{self.step}"
-        root = checkpoint.checkpoint_root(self.run_dir)
-        partial = checkpoint.partial_tag(tag)
-        if self.rank == 0:
-            checkpoint.remove_folder(os.path.join(root, partial))  # left by a trainer killed while writing it
-        self._barrier()
-        state = state or self.resume_state()  # `state`: one taken earlier, with the weights of the same step
-        folder = os.path.join(root, partial)
-        problem = checkpoint.space_problem(self.run_dir, self.actor.policy) if self.rank == 0 else ""
-        if self.mean_over_ranks(float(bool(problem))) > 0:  # every rank stops before the first collective
-            raise checkpoint.CheckpointWriteError(problem or "rank 0 cannot write the checkpoint (its error says why)")
-        try:
-            with self.memory.optimizer_on_device():
-                self.actor.save(root, partial, {"step": self.step})
-            checkpoint.write_trainer_state(folder, self.rank, state)
-            if self.rank == 0:
-                checkpoint.write_run_config(folder, self.cfg.model, self.cfg.algo, self.world)
-            checkpoint.save_policy_folder(self.actor.policy, folder, self.vla.tokenizer,
-                                          self.cfg.deepspeed.sync_bucket_mb, self.rank == 0)
-            if self.actor.adapted:  # the adapters alone too, in PEFT's layout
-                checkpoint.save_adapters(self.actor.policy, folder, self.cfg.model.lora,
-                                         self.cfg.deepspeed.sync_bucket_mb, self.rank == 0, self.vla.source)
-        except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
-            raise checkpoint.write_failure(self.run_dir, folder, err, self.actor.policy) from err
-        self._barrier()
-        if self.rank == 0:
-            checkpoint.publish(self.run_dir, partial, tag)
-
-    def _barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
+        has written its part, then named by `latest` (`checkpoint.write_checkpoint`). `state`: one taken earlier, with
+        the weights of the same step (default: the state now)."""
+        checkpoint.write_checkpoint(self.run_dir, self.step, self.actor, self.vla, state or self.resume_state(),
+                                    self.run_groups(), self.cfg.deepspeed.sync_bucket_mb, self.cfg.model.lora,
+                                    on_device=self.memory.optimizer_on_device)
 
     def load_latest(self) -> None:
         tag = checkpoint.latest_tag(self.run_dir)

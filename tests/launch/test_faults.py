@@ -70,7 +70,7 @@ def test_sigterm_finishes_the_step_saves_and_says_how_to_resume(tmp_path: Path) 
     assert "SIGTERM received" in out and "resume=true" in out, out[-3000:]
     tag = checkpoint.latest_tag(str(run))
     assert tag is not None and checkpoint.latest_step(str(run)) >= 1
-    assert checkpoint.resume_problems(str(run), *_saved_model_algo(run / "checkpoints" / tag), 1) == []
+    assert checkpoint.resume_problems(str(run), _saved_groups(run / "checkpoints" / tag), 1) == []
     assert not list((run / "checkpoints").glob("*.partial"))
     # resumable: the state files and the saved config match (the kill tests below resume for real)
 
@@ -148,14 +148,14 @@ def test_a_failed_write_removes_the_partial_folder_and_names_the_path(tmp_path: 
     assert "needs about 2200 bytes" in str(err) and "no earlier checkpoint exists" in str(err)
 
 
-def _saved_model_algo(step: Path):
+def _saved_groups(step: Path) -> dict:
     import json
 
     from vla_scale.config import AlgoConfig, LoraConfig, ModelConfig
 
     saved = json.loads((step / checkpoint.RUN_CONFIG).read_text())
     model = ModelConfig(**{**saved["model"], "lora": LoraConfig(**saved["model"]["lora"])})
-    return model, AlgoConfig(**saved["algo"])
+    return {"model": model, "algo": AlgoConfig(**saved["algo"])}
 
 
 def test_a_checkpoint_folder_is_data_never_code(tmp_path: Path) -> None:

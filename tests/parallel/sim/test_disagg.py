@@ -77,7 +77,7 @@ def test_a_simulation_node_lost_mid_rollout_stops_with_one_error_after_saving(cl
     assert "resume=true" in str(stopped.value)
     done = checkpoint.latest_step(str(run))
     assert done == trainer.step >= 1  # every finished step kept, though save_every=0
-    assert checkpoint.resume_problems(str(run), trainer.cfg.model, trainer.cfg.algo, 1) == []
+    assert checkpoint.resume_problems(str(run), trainer.run_groups(), 1) == []
     from conftest import read_scalars
 
     assert read_scalars(str(run / "tb"))["faults/lost_sim_workers"] == [(done + 1, 1.0)]
