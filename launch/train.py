@@ -1,9 +1,5 @@
-"""Hydra entry of the trainer: `python launch/train.py [overrides]`, `deepspeed launch/train.py`, `torchrun`.
-
-The deepspeed launcher appends `--local_rank=N`; Hydra would reject it, so it is moved into LOCAL_RANK first.
-Under a launcher (WORLD_SIZE > 1) the process group is created before Hydra runs, and rank 0's run directory is
-handed to every rank, so all ranks share one directory instead of one timestamp each.
-"""
+"""Hydra entry of the trainer: `python launch/train.py [overrides]`, `deepspeed launch/train.py`, `torchrun`
+(the launcher's command line made Hydra's by `vla_scale.launcher.hydra_argv`)."""
 
 from __future__ import annotations
 
@@ -17,49 +13,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from vla_scale.launcher import hydra_argv
 
-def _strip_local_rank(argv: list[str]) -> list[str]:
-    kept = []
-    for arg in argv:
-        if arg.startswith("--local_rank="):
-            os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1])
-        else:
-            kept.append(arg)
-    return kept
-
-
-def _shared_run_dir(argv: list[str]) -> list[str]:
-    """`run_dir=X` is also Hydra's directory; under a launcher every rank gets rank 0's timestamped directory."""
-    named = [a.split("=", 1)[1] for a in argv if a.startswith("run_dir=")]
-    if named and not any(a.startswith("hydra.run.dir=") for a in argv):
-        return argv + [f"hydra.run.dir={named[-1]}"]
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or any(a.startswith(("hydra.run.dir=", "-m", "--multirun"))
-                                                          for a in argv):
-        return argv
-    import time
-
-    import torch.distributed as dist
-
-    from vla_scale.run_setup import init_distributed
-
-    init_distributed()
-    choice = [time.strftime("runs/%Y-%m-%d_%H-%M-%S")]
-    dist.broadcast_object_list(choice, src=0)
-    return argv + [f"hydra.run.dir={choice[0]}"]
-
-
-def _keep_run_record(argv: list[str]) -> list[str]:
-    """A resumed run keeps the record Hydra wrote when it started (`.hydra/`) and its log file: a resume attempt
-    writes neither, so one that is refused leaves the run directory as it was."""
-    if not any(a.lower() in ("resume=true", "+resume=true", "++resume=true") for a in argv):
-        return argv
-    keep = [] if any(a.startswith("hydra.output_subdir=") for a in argv) else ["hydra.output_subdir=null"]
-    if not any(a.startswith("hydra/job_logging=") for a in argv):
-        keep.append("hydra/job_logging=stdout")
-    return argv + keep
-
-
-sys.argv = _keep_run_record(_shared_run_dir(_strip_local_rank(sys.argv)))
+sys.argv = hydra_argv(sys.argv)
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 

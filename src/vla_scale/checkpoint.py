@@ -290,11 +290,12 @@ def config_differences(saved: dict[str, Any], group: str, now: Any, may_differ: 
             if key not in may_differ and key in saved and saved[key] != _plain(value)]
 
 
-def resume_problems(run_dir: str, groups: dict[str, Any], ranks: int) -> list[str]:
+def resume_problems(run_dir: str, groups: dict[str, Any], ranks: int, may_differ: tuple[str, ...] = ("checkpoint",)
+                    ) -> list[str]:
     """Why `run_dir` cannot be resumed with these config groups (name -> dataclass, as `write_run_config` saved
     them) and number of ranks (empty when it can): no checkpoint, a `latest` naming a missing step, a missing or
     unreadable state file, a group the run did not save, or any field of a group or the rank count differing from
-    what the run trained with. Reads files only; writes none."""
+    what the run trained with (but the fields named in `may_differ`). Reads files only; writes none."""
     root = checkpoint_root(run_dir)
     tag = latest_tag(run_dir)
     if tag is None:
@@ -317,7 +318,7 @@ def resume_problems(run_dir: str, groups: dict[str, Any], ranks: int) -> list[st
                                 f"{', '.join(kinds)}, not {name}): start a new run_dir, or load its policy with "
                                 f"model.checkpoint={run_dir}")
             else:
-                problems += config_differences(saved[name], name, group)
+                problems += config_differences(saved[name], name, group, may_differ)
         if saved["ranks"] != ranks:
             problems.append(f"the run trained on {saved['ranks']} rank(s), this command has {ranks}: resume with the "
                             "same number of ranks")

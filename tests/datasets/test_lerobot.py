@@ -217,7 +217,7 @@ def test_a_state_dim_mismatch_is_refused(recorded: Path) -> None:
 
 def test_every_problem_is_said_at_once(recorded: Path, tmp_path: Path) -> None:
     root = edited(recorded, tmp_path, "observation.state", [2, 2])
-    keys = LeRobotKeys({"agentview": "observation.images.front"}, action="actions")
+    keys = LeRobotKeys({"agentview": "observation.images.front"}, action_key="actions")
     problems = refused(root, keys, action_dim=7, state_dim=4)
     assert len(problems) == 3
     assert "not a 1-D vector" in problems[1] and "'actions' is not in the dataset" in problems[2]

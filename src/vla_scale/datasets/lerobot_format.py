@@ -39,13 +39,13 @@ class LeRobotKeys:
     """Which dataset features hold what an Episode holds.
 
     cameras: our camera name -> the image or video feature's key (e.g. {"agentview": "observation.images.image"});
-    state, action: the 1-D float features. `setting` names where these keys are set, so that a message says what to
-    change (a config group "data.lerobot" makes them say "data.lerobot.cameras", ...).
+    state_key, action_key: the 1-D float features. `setting` names where these keys are set, so that a message says
+    what to change (the config group "sft" makes them say "sft.cameras[...]", "sft.state_key", "sft.action_key").
     """
 
     cameras: dict[str, str]
-    state: str = "observation.state"
-    action: str = "action"
+    state_key: str = "observation.state"
+    action_key: str = "action"
     setting: str = "LeRobotKeys"
 
 
@@ -75,7 +75,7 @@ def features_of(episodes: list[Episode], keys: LeRobotKeys, video: bool) -> dict
     for camera, key in keys.cameras.items():
         shape = list(first.images[camera].shape[1:])
         features[key] = {"dtype": "video" if video else "image", "shape": shape, "names": list(IMAGE_NAMES)}
-    for key, array, stem in ((keys.state, first.state, "state"), (keys.action, first.actions, "action")):
+    for key, array, stem in ((keys.state_key, first.state, "state"), (keys.action_key, first.actions, "action")):
         width = array.shape[1]
         features[key] = {"dtype": "float32", "shape": [width], "names": [f"{stem}_{i}" for i in range(width)]}
     if first.success is not None:
@@ -89,7 +89,7 @@ def writing_problems(episodes: list[Episode], keys: LeRobotKeys) -> list[str]:
     if not episodes:
         return ["there are no episodes to write"]
     first, found = episodes[0], []
-    names = {keys.state, keys.action, *keys.cameras.values()}
+    names = {keys.state_key, keys.action_key, *keys.cameras.values()}
     if len(names) != 2 + len(keys.cameras):
         found.append(f"the keys name one feature twice: {keys}")
     for i, episode in enumerate(episodes):
@@ -159,8 +159,8 @@ def camera_problems(features: dict[str, dict[str, Any]], keys: LeRobotKeys) -> l
 def vector_problems(features: dict[str, dict[str, Any]], keys: LeRobotKeys, role: str, want: int | None,
                     env: str) -> list[str]:
     """A state or action feature that is missing, not a 1-D number vector, or of another width than `want`."""
-    key = keys.state if role == "state" else keys.action
-    setting, feature = f"{keys.setting}.{role}", features.get(key)
+    key = keys.state_key if role == "state" else keys.action_key
+    setting, feature = f"{keys.setting}.{role}_key", features.get(key)
     if feature is None:
         return [f"the {role} key {key!r} is not in the dataset: set {setting} to one of its features "
                 f"({_listing(features)})"]

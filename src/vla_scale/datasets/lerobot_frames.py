@@ -63,7 +63,7 @@ def frame_table(episode: Episode, keys: LeRobotKeys, schema: pa.Schema, *, episo
     """The episode's rows: one per step, `index` counting from `first_index` over the whole dataset."""
     steps = len(episode)
     columns: dict[str, Any] = {
-        keys.state: _fixed_lists(episode.state), keys.action: _fixed_lists(episode.actions),
+        keys.state_key: _fixed_lists(episode.state), keys.action_key: _fixed_lists(episode.actions),
         "timestamp": (np.arange(steps) / fps).astype(np.float32), "frame_index": np.arange(steps),
         "episode_index": np.full(steps, episode_index), "index": first_index + np.arange(steps),
         "task_index": np.full(steps, task_index),
@@ -143,10 +143,11 @@ def read_columns(features: dict[str, dict[str, Any]], keys: LeRobotKeys) -> list
     """The data-file columns an Episode is made from."""
     cameras = [key for key in keys.cameras.values() if features[key]["dtype"] == "image"]
     extra = [SUCCESS] if SUCCESS in features else []
-    return [keys.state, keys.action, "timestamp", "frame_index", "episode_index", "task_index", *extra, *cameras]
+    return [keys.state_key, keys.action_key, "timestamp", "frame_index", "episode_index", "task_index", *extra,
+            *cameras]
 
 
 def assemble(rows: pa.Table, keys: LeRobotKeys, instruction: str, images: dict[str, np.ndarray]) -> Episode:
     """The Episode of one episode's rows (in frame order) and its cameras' frames."""
-    return Episode(instruction=instruction, images=images, state=vectors(rows.column(keys.state)),
-                   actions=vectors(rows.column(keys.action)), success=success_of(rows))
+    return Episode(instruction=instruction, images=images, state=vectors(rows.column(keys.state_key)),
+                   actions=vectors(rows.column(keys.action_key)), success=success_of(rows))

@@ -1,1 +1,2 @@
-"""Supervised fine-tuning of the policy on demonstrations: their statistics and the examples the policy trains on."""
+"""Supervised fine-tuning of the policy on demonstrations: their statistics, the examples the policy trains on, and
+the run (SupervisedTrainer, launch/sft.py)."""

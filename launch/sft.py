@@ -1,0 +1,87 @@
+"""Supervised fine-tuning on demonstrations: `python launch/sft.py env=pick_place sft.dataset=DIR [overrides]`, also
+under `deepspeed launch/sft.py` or `torchrun` (the same command line handling as launch/train.py).
+
+The policy is `model.*` (a fresh one or `model.checkpoint=`), trained on the LeRobot dataset `sft.dataset` by
+`vla_scale.sft.trainer.SupervisedTrainer`. The run directory's latest checkpoint is a policy folder with the
+demonstrations' statistics: `model.checkpoint=<run_dir>` starts RL from it (launch/train.py) or evaluates it
+(launch/eval.py). The last line printed is `sft: steps=<n> loss=<x> checkpoint=<folder>`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import warnings
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from vla_scale.launcher import hydra_argv
+
+sys.argv = hydra_argv(sys.argv)
+warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+
+from vla_scale.config import (  # noqa: E402
+    ConfigError,
+    explicit_keys,
+    moved_key_error,
+    register_configs,
+    sft_problems,
+    to_config,
+    validate,
+)
+
+register_configs()
+if moved := moved_key_error(sys.argv[1:]):
+    sys.exit(moved)
+
+
+@hydra.main(config_path="../configs", config_name="config", version_base="1.3")
+def main(dict_cfg: DictConfig) -> float:
+    cfg = to_config(dict_cfg)
+    run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    try:  # the configuration first: it needs no DeepSpeed, whose import alone takes seconds
+        validate(cfg, world)
+        problems = sft_problems(cfg, world)
+        if problems:
+            raise ConfigError("cannot fine-tune:\n  - " + "\n  - ".join(problems))
+    except ConfigError as err:
+        sys.exit(f"error: {err}")
+    from vla_scale.checkpoint import CheckpointWriteError
+    from vla_scale.run_log import RunLogError
+    from vla_scale.sft.trainer import SftComplete, SupervisedTrainer
+    from vla_scale.stop_signals import EXIT_CODE, Preempted
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit: a write fails with an error we report
+    try:  # the dataset, the policy against the env, a resumed run's checkpoint: before any weight is built
+        trainer = SupervisedTrainer(cfg, run_dir, explicit_keys(HydraConfig.get().overrides.task))
+    except ConfigError as err:
+        sys.exit(f"error: {err}")
+    except SftComplete as done:
+        print(done, flush=True)
+        return float("nan")
+    if trainer.rank == 0:
+        print(f"run directory: {run_dir}\ntensorboard:   tensorboard --logdir {os.path.join(run_dir, 'tb')}\n"
+              f"policy:        {trainer.vla.describe(trainer.cfg.env)}", flush=True)
+    try:
+        metrics = trainer.train()
+    except Preempted as stopped:
+        print(stopped, flush=True)
+        sys.exit(EXIT_CODE)
+    except (CheckpointWriteError, RunLogError) as err:
+        sys.exit(f"error: {err}")
+    finally:
+        trainer.close()
+    if trainer.rank == 0:
+        print(f"sft: steps={trainer.step} loss={metrics.get('sft/loss', float('nan')):.4f} "
+              f"checkpoint={trainer.step_folder()}", flush=True)
+    return metrics.get("sft/loss", float("nan"))
+
+
+if __name__ == "__main__":
+    main()
