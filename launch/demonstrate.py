@@ -17,7 +17,15 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco's import: the simulat
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from vla_scale.config import Config, ConfigError, init_state_ids, register_configs, to_config, validate
+from vla_scale.config import (  # noqa: E402
+    Config,
+    ConfigError,
+    init_state_ids,
+    record_problems,
+    register_configs,
+    to_config,
+    validate,
+)
 from vla_scale.envs.types import TaskSpec  # noqa: E402
 
 register_configs()
@@ -36,8 +44,7 @@ def problems(cfg: Config) -> list[str]:
         found.append(f"env.name={cfg.env.name!r} has no scripted demonstrator: use env=pick_place")
     if not cfg.record.path:
         found.append("record.path is not set: name the new folder the dataset is written to")
-    elif os.path.exists(cfg.record.path) and os.listdir(cfg.record.path):
-        found.append(f"record.path={cfg.record.path} is not empty: a dataset is written only into a new folder")
+    found += record_problems(cfg.record)
     if not init_state_ids(cfg.env, "train"):
         found.append("env.num_train_init_states=0: the demonstrations play TRAIN init states; raise it")
     return found

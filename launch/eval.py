@@ -6,7 +6,9 @@ rates are measured), with greedy decoding,
 in parallel over the simulator fleet (env.num_workers x env.sims_per_worker processes, one simulator each). Writes
 to the run directory `eval_<suite>.csv` and `eval_<suite>.md` (success per task and the total), `videos/` (the first
 env.eval_videos_per_task episodes of every task as MP4, default 1) and `tb/` (success rates and the videos). The last
-line printed is `eval: suite=<name> episodes=<n> success_rate=<r>`.
+line printed is `eval: suite=<name> episodes=<n> success_rate=<r>`. With `record.path=DIR` the episodes played
+(`record.episodes=all` or `successes`) are also written to DIR as a LeRobot dataset, every env step of them, for
+launch/sft.py.
 
 model.checkpoint= the policy to evaluate: a run directory of launch/train.py (its latest checkpoint), one of its
 `checkpoints/step_<k>` folders, an OpenVLA-OFT folder or a hub id (README). Without it a freshly initialised policy is
@@ -28,6 +30,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco's import: record.path replays episodes here, headless
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
@@ -40,6 +43,7 @@ from vla_scale.config import (  # noqa: E402
     explicit_keys,
     init_state_ids,
     moved_key_error,
+    record_problems,
     register_configs,
     to_config,
     validate,
@@ -130,6 +134,11 @@ def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) 
         print(f"{task:>5}  {instruction:<{width}}  {episodes:>8}  {task_rate:>12}")
     print(f"\ntables: {csv_path} {md_path}\nvideos: {len(videos)} in {os.path.join(run_dir, 'videos')}"
           f"\ntime:   {time.perf_counter() - t0:.1f}s")
+    if cfg.record.path:  # every step of the episodes played, replayed in a simulator here (rollout/recording.py)
+        from vla_scale.rollout.recording import record_played
+
+        recorded = record_played(vla, e, trajs, cfg.record)
+        print(f"record: {recorded} episodes ({cfg.record.episodes}) -> {cfg.record.path}")
     print(f"eval: suite={e.suite} episodes={len(specs)} success_rate={rate:.3f}", flush=True)
     return rate
 
@@ -151,6 +160,8 @@ def main(dict_cfg: DictConfig) -> float:
         unreachable = ray_address_problem(cfg.parallel.ray_address)
         if unreachable:
             raise ConfigError(unreachable)
+        if problems := record_problems(cfg.record):
+            raise ConfigError(problems[0])
         os.makedirs(run_dir, exist_ok=True)
         return evaluate(cfg, run_dir, explicit_keys(HydraConfig.get().overrides.task))
     except ConfigError as err:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import warnings
 
@@ -19,7 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from vla_scale.launcher import hydra_argv
+from vla_scale.launcher import hydra_argv, run_to_the_end
 
 sys.argv = hydra_argv(sys.argv)
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
@@ -52,31 +51,14 @@ def main(dict_cfg: DictConfig) -> float:
             raise ConfigError("cannot fine-tune:\n  - " + "\n  - ".join(problems))
     except ConfigError as err:
         sys.exit(f"error: {err}")
-    from vla_scale.checkpoint import CheckpointWriteError
-    from vla_scale.run_log import RunLogError
     from vla_scale.sft.trainer import SftComplete, SupervisedTrainer
-    from vla_scale.stop_signals import EXIT_CODE, Preempted
 
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit: a write fails with an error we report
-    try:  # the dataset, the policy against the env, a resumed run's checkpoint: before any weight is built
-        trainer = SupervisedTrainer(cfg, run_dir, explicit_keys(HydraConfig.get().overrides.task))
-    except ConfigError as err:
-        sys.exit(f"error: {err}")
-    except SftComplete as done:
-        print(done, flush=True)
+    # the dataset, the policy against the env, a resumed run's checkpoint: checked before any weight is built
+    ran = run_to_the_end(lambda: SupervisedTrainer(cfg, run_dir, explicit_keys(HydraConfig.get().overrides.task)),
+                         SftComplete)
+    if ran is None:
         return float("nan")
-    if trainer.rank == 0:
-        print(f"run directory: {run_dir}\ntensorboard:   tensorboard --logdir {os.path.join(run_dir, 'tb')}\n"
-              f"policy:        {trainer.vla.describe(trainer.cfg.env)}", flush=True)
-    try:
-        metrics = trainer.train()
-    except Preempted as stopped:
-        print(stopped, flush=True)
-        sys.exit(EXIT_CODE)
-    except (CheckpointWriteError, RunLogError) as err:
-        sys.exit(f"error: {err}")
-    finally:
-        trainer.close()
+    trainer, metrics = ran
     if trainer.rank == 0:
         print(f"sft: steps={trainer.step} loss={metrics.get('sft/loss', float('nan')):.4f} "
               f"checkpoint={trainer.step_folder()}", flush=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import warnings
 
@@ -13,7 +12,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from vla_scale.launcher import hydra_argv
+from vla_scale.launcher import hydra_argv, run_to_the_end
 
 sys.argv = hydra_argv(sys.argv)
 warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
@@ -41,32 +40,14 @@ def main(dict_cfg: DictConfig) -> float:
         validate(cfg, int(os.environ.get("WORLD_SIZE", "1")))
     except ConfigError as err:
         sys.exit(f"error: {err}")
-    from vla_scale.checkpoint import CheckpointWriteError
-    from vla_scale.run_log import RunLogError
-    from vla_scale.stop_signals import EXIT_CODE, Preempted
     from vla_scale.trainer import RunComplete, SimulatorLost, Trainer
 
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit: a write fails with an error we report
-
-    try:  # the policy against the env, the Ray address, a resumed run's checkpoint: before anything starts
-        trainer = Trainer(cfg, run_dir, explicit_keys(HydraConfig.get().overrides.task))
-    except ConfigError as err:
-        sys.exit(f"error: {err}")
-    except RunComplete as done:
-        print(done, flush=True)
+    # the policy against the env, the Ray address, a resumed run's checkpoint: checked before anything starts
+    ran = run_to_the_end(lambda: Trainer(cfg, run_dir, explicit_keys(HydraConfig.get().overrides.task)),
+                         RunComplete, (SimulatorLost,))
+    if ran is None:
         return float("nan")
-    if trainer.rank == 0:
-        print(f"run directory: {run_dir}\ntensorboard:   tensorboard --logdir {os.path.join(run_dir, 'tb')}\n"
-              f"policy:        {trainer.vla.describe(trainer.cfg.env)}", flush=True)
-    try:
-        metrics = trainer.train()
-    except Preempted as stopped:
-        print(stopped, flush=True)
-        sys.exit(EXIT_CODE)
-    except (CheckpointWriteError, RunLogError, SimulatorLost) as err:
-        sys.exit(f"error: {err}")
-    finally:
-        trainer.close()
+    trainer, metrics = ran
     if trainer.rank == 0:
         print(f"run directory: {run_dir}")
         print("train: steps={} eval_success_rate={:.3f}".format(cfg.steps, metrics["eval/success_rate"]), flush=True)

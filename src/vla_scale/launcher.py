@@ -8,6 +8,10 @@ every rank, so all ranks share one directory instead of one timestamp each. A re
 from __future__ import annotations
 
 import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
 
 
 def _strip_local_rank(argv: list[str]) -> list[str]:
@@ -54,3 +58,39 @@ def _keep_run_record(argv: list[str]) -> list[str]:
 def hydra_argv(argv: list[str]) -> list[str]:
     """`argv` (sys.argv) as Hydra should parse it in a launched entry script."""
     return _keep_run_record(_shared_run_dir(_strip_local_rank(argv)))
+
+
+def run_to_the_end(make: Callable[[], Any], done: type[Exception], errors: tuple[type[Exception], ...] = ()
+                   ) -> tuple[Any, dict[str, float]] | None:
+    """An entry script's run of a trainer (the RL `Trainer` or the `SupervisedTrainer`): `make()` builds it (its
+    checks before anything starts: a ConfigError exits with the message), rank 0 prints where the run writes and the
+    policy line, then it trains; SIGTERM exits with the stop's exit code after saying how to resume, `errors` (and a
+    failed checkpoint or log write) exit with their message. None when `make` raised `done` (a resumed run already
+    at its end: nothing to do); else (trainer, final metrics)."""
+    from vla_scale.checkpoint import CheckpointWriteError
+    from vla_scale.config import ConfigError
+    from vla_scale.run_log import RunLogError
+    from vla_scale.stop_signals import EXIT_CODE, Preempted
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit: a write fails with an error we report
+    try:
+        trainer = make()
+    except ConfigError as err:
+        sys.exit(f"error: {err}")
+    except done as finished:
+        print(finished, flush=True)
+        return None
+    if trainer.rank == 0:
+        print(f"run directory: {trainer.run_dir}\ntensorboard:   tensorboard --logdir "
+              f"{os.path.join(trainer.run_dir, 'tb')}\npolicy:        {trainer.vla.describe(trainer.cfg.env)}",
+              flush=True)
+    try:
+        metrics = trainer.train()
+    except Preempted as stopped:
+        print(stopped, flush=True)
+        sys.exit(EXIT_CODE)
+    except (CheckpointWriteError, RunLogError, *errors) as err:
+        sys.exit(f"error: {err}")
+    finally:
+        trainer.close()
+    return trainer, metrics

@@ -9,6 +9,7 @@ from vla_scale.config.checks import (
     lora_problems,
     published_protocol_problems,
     range_problems,
+    record_problems,
     sft_problems,
     validate,
     value_at,
@@ -43,5 +44,5 @@ __all__ = [
     "EnvConfig", "LoraConfig", "ModelConfig", "ParallelConfig", "RecordConfig", "RolloutConfig", "SftConfig",
     "as_yaml", "explicit_keys", "init_state_ids", "lora_problems",
     "moved_key_error", "moved_key_problems", "published_protocol_problems", "range_problems", "register_configs",
-    "sft_problems", "to_config", "validate", "value_at",
+    "record_problems", "sft_problems", "to_config", "validate", "value_at",
 ]

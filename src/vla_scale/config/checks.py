@@ -9,7 +9,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from vla_scale.config.schema import LORA_ALL_LINEAR, LORA_TARGETS, Config, ConfigError, EnvConfig, LoraConfig
+from vla_scale.config.schema import (
+    LORA_ALL_LINEAR,
+    LORA_TARGETS,
+    Config,
+    ConfigError,
+    EnvConfig,
+    LoraConfig,
+    RecordConfig,
+)
 from vla_scale.envs.registry import SIMULATORS, simulator
 from vla_scale.envs.simulator import Simulator
 
@@ -203,6 +211,14 @@ def sft_problems(cfg: Config, world_size: int = 1) -> list[str]:
         problems.append(f"sft.batch_size={s.batch_size} must split evenly into {world_size} rank(s) x "
                         f"sft.micro_batches={s.micro_batches}: use a multiple of {world_size * s.micro_batches}")
     return problems
+
+
+def record_problems(record: RecordConfig) -> list[str]:
+    """What keeps `record.path` from taking a new dataset (empty when it can): an existing file or non-empty folder."""
+    if record.path and os.path.exists(record.path) and (not os.path.isdir(record.path) or os.listdir(record.path)):
+        return [f"record.path={record.path} is not empty: a dataset is written only into a new folder; name another "
+                "one or remove it"]
+    return []
 
 
 def known_simulator(env: EnvConfig) -> tuple[Simulator | None, list[str]]:
