@@ -53,3 +53,13 @@ def test_rl_step_rollout_sweep_dry_run_prints_every_cost_and_way():
     rows = [line.split("|")[1:5] for line in lines if re.match(r"\| [01] \|", line)]
     assert [(r[0].strip(), r[2].strip(), r[3].strip()) for r in rows] == [
         (ms, way, s) for ms in "01" for way, s in (("ours", "1"), ("ours", "2"), ("anchors", "1"))]
+
+
+def test_sft_step_dry_run_prints_the_table_and_the_last_line():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sft_step.py"), "--model", "tiny", "--dry-run"],
+                          cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert re.fullmatch(r"sft_step: model=tiny lora_rank=32 batch=8 step_s=\d+\.\d{3} peak_gib=(nan|\d+\.\d)",
+                        lines[-1]), lines[-1]
+    assert "| 0 (warm-up) |" in proc.stdout and "| 1 |" in proc.stdout
