@@ -114,3 +114,30 @@ def test_bad_inputs_are_refused_before_any_weight_is_built(tmp_path, dataset, ep
     assert "words the policy's tokenizer does not know" in refused(f"sft.dataset={odd}")
     assert "words the policy's tokenizer does not know" in refused(f"sft.dataset={dataset}", "env=reach",
                                                                    "model=tiny")  # another env's tasks
+
+
+@pytest.mark.slow
+def test_launch_sft_output_loads_for_rl_and_eval_with_the_same_policy_line(tmp_path, dataset):
+    """`python launch/sft.py ...` as a user runs it; its run directory is `model.checkpoint=` for one RL step of
+    launch/train.py and for launch/eval.py, which describe the policy alike."""
+    from conftest import run_script
+
+    small = ["env=pick_place", "model=tiny_pick_place", "model.hidden_size=32", "model.intermediate_size=64",
+             "model.num_layers=1", "model.vision_dim=32", "progress=false"]
+    run = tmp_path / "sft"
+    proc = run_script("sft", *small, f"sft.dataset={dataset}", "sft.steps=3", "sft.batch_size=8", f"run_dir={run}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1].startswith("sft: steps=3 loss=")
+    assert proc.stdout.strip().endswith(f"checkpoint={run / 'checkpoints' / 'step_3'}")
+    loaded = [*small[:2], f"model.checkpoint={run}", "env.num_workers=1", "env.sims_per_worker=2",
+              "env.num_eval_init_states=1", "env.max_steps=8", "progress=false"]
+    train = run_script("train", *loaded, "algo.batch_size=2", "algo.group_size=2", "algo.mini_batches=1",
+                       "algo.micro_batches=1", "steps=1", "eval_every=10", "save_every=0", f"run_dir={tmp_path / 'rl'}")
+    evaluation = run_script("eval", *loaded, f"run_dir={tmp_path / 'eval'}")
+    lines = []
+    for done in (train, evaluation):
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        lines.append(next(line for line in done.stdout.splitlines() if "policy:" in line).split("policy:")[1].strip())
+    assert lines[0].startswith(f"{run / 'checkpoints' / 'step_3'}: images agentview+wrist")
+    assert lines[1].startswith(lines[0])  # eval adds its protocol after the description
+    assert "statistics 'pick_place'" in lines[0]
