@@ -1,0 +1,97 @@
+"""From demonstrations to a better policy on the embedded pick_place task, as a new user runs it, for several seeds.
+
+    python benchmarks/sft_rl.py --seeds 0 1 2          # the table of docs/performance.md (2-core CPU machine)
+    python benchmarks/sft_rl.py --dry-run              # the whole pipeline at toy sizes, in about a minute
+
+Per seed, five commands run one after another, each as the README gives it (their own processes, their own last
+lines parsed): scripted demonstrations on the TRAIN init states (launch/demonstrate.py) -> supervised fine-tuning
+(launch/sft.py) -> evaluation of the SFT policy on the held-out EVAL init states (launch/eval.py) -> GRPO from the
+SFT checkpoint (launch/train.py) -> evaluation of the RL policy (launch/eval.py). Everything a run writes stays in
+`--out/seed_<s>/`. Prints one row per seed and, per seed, the line
+`sft_rl: task=pick_place seed=<s> sft=<x.xx> rl=<y.yy> minutes=<m>` (minutes: the five commands' wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RECIPE = {
+    "demos": 320, "noise": 0.2, "sft_steps": 1000, "rl_steps": 100,
+}
+"""The sizes docs/performance.md's table was measured with."""
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--demos", type=int, default=RECIPE["demos"], help="scripted demonstrations recorded")
+    p.add_argument("--noise", type=float, default=RECIPE["noise"], help="the demonstrator's xyz noise")
+    p.add_argument("--sft-steps", type=int, default=RECIPE["sft_steps"], help="supervised optimizer steps")
+    p.add_argument("--rl-steps", type=int, default=RECIPE["rl_steps"], help="GRPO steps from the SFT policy")
+    p.add_argument("--out", default="runs/sft_rl", help="where every run of every seed is written")
+    p.add_argument("--dry-run", action="store_true", help="toy sizes: the pipeline end to end, not its figures")
+    return p.parse_args()
+
+
+def run(script: str, *args: str) -> str:
+    """`launch/<script>.py args` in its own process; its stdout (exit on failure, with its output)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "launch" / f"{script}.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode != 0:
+        sys.exit(f"launch/{script}.py {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def last_value(stdout: str, key: str) -> float:
+    found = re.findall(rf"{key}=([0-9.]+)", stdout.strip().splitlines()[-1])
+    if not found:
+        sys.exit(f"no {key}= in the last line: {stdout.strip().splitlines()[-1]!r}")
+    return float(found[0])
+
+
+def pipeline(args: argparse.Namespace, seed: int) -> dict[str, float]:
+    out = Path(args.out) / f"seed_{seed}"
+    if out.exists() and any(out.iterdir()):
+        sys.exit(f"{out} is not empty: name another --out, or remove it")
+    small = ["env.num_eval_init_states=1", "env.max_steps=8", "env.num_workers=1", "env.sims_per_worker=2"] \
+        if args.dry_run else []
+    rl = ["algo.batch_size=2", "algo.group_size=2", "algo.mini_batches=1", "algo.micro_batches=1"] \
+        if args.dry_run else []
+    task = ["env=pick_place", f"seed={seed}", "progress=false", *small]
+    start = time.perf_counter()
+    run("demonstrate", *task, f"record.path={out / 'demos'}", f"demo.episodes={args.demos}",
+        f"demo.noise={args.noise}", f"hydra.run.dir={out / 'demonstrate'}")
+    run("sft", *task, "model=tiny_pick_place", f"sft.dataset={out / 'demos'}", f"sft.steps={args.sft_steps}",
+        f"run_dir={out / 'sft'}")
+    sft = last_value(run("eval", *task, f"model.checkpoint={out / 'sft'}", f"run_dir={out / 'sft_eval'}"),
+                     "success_rate")
+    run("train", *task, f"model.checkpoint={out / 'sft'}", "algo=grpo", *rl, f"steps={args.rl_steps}",
+        f"eval_every={max(1, args.rl_steps // 5)}", f"save_every={args.rl_steps}", f"run_dir={out / 'rl'}")
+    rl_rate = last_value(run("eval", *task, f"model.checkpoint={out / 'rl'}", f"run_dir={out / 'rl_eval'}"),
+                         "success_rate")
+    return {"seed": seed, "sft": sft, "rl": rl_rate, "minutes": (time.perf_counter() - start) / 60}
+
+
+def main() -> None:
+    args = parse()
+    if args.dry_run:
+        args.demos, args.sft_steps, args.rl_steps = 4, 2, 1
+    rows = [pipeline(args, seed) for seed in args.seeds]
+    print("| seed | SFT success (held out) | RL success (held out) | gain | minutes |\n|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['seed']} | {r['sft']:.3f} | {r['rl']:.3f} | {r['rl'] - r['sft']:+.3f} | {r['minutes']:.1f} |")
+    for r in rows:
+        print(f"sft_rl: task=pick_place seed={r['seed']} sft={r['sft']:.2f} rl={r['rl']:.2f} "
+              f"minutes={r['minutes']:.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
