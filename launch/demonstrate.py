@@ -2,9 +2,10 @@
 
 The pick_place task's scripted demonstrator (`envs/pick_place_demo.py`, xyz noise `demo.noise`) plays
 `demo.episodes` episodes on the suite's TRAIN init states (task i % num_tasks, init states in turn), so the EVAL ones
-stay held out for `launch/eval.py`. Every env step is recorded (cameras, proprio state, the action taken) and written
-to `record.path` (a new folder; `record.episodes=successes` keeps the successful episodes only). The last line
-printed is `demonstrate: episodes=<n> recorded=<m> success_rate=<r> path=<dir>`.
+stay held out for `launch/eval.py`. Every env step is recorded (cameras, proprio state, the action taken, or with
+`demo.label=intended` the action the demonstrator meant before its noise) and written to `record.path` (a new
+folder; `record.episodes=successes` keeps the successful episodes only). The last line printed is
+`demonstrate: episodes=<n> recorded=<m> success_rate=<r> path=<dir>`.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def demonstrate(cfg: Config) -> float:
     played = [play(env, spec, demonstrator) for spec in demonstration_specs(cfg)]  # type: ignore[arg-type]
     env.close()
     kept = [d for d in played if d.success or cfg.record.episodes == "all"]
-    episodes = [Episode(d.instruction, d.images, d.state, d.actions, d.success) for d in kept]
+    episodes = [Episode(d.instruction, d.images, d.state, d.intended if cfg.demo.label == "intended" else d.actions,
+                        d.success) for d in kept]
     keys = LeRobotKeys(cameras={c: f"observation.images.{c}" for c in CAMERAS}, setting="sft")
     if episodes:
         write_dataset(cfg.record.path, episodes, keys, version=cfg.record.version, fps=cfg.record.fps,

@@ -98,3 +98,15 @@ def test_noise_changes_the_actions_and_lowers_the_success_rate(env: PickPlaceEnv
 def test_bad_noise() -> None:
     with pytest.raises(ValueError, match="noise"):
         Demonstrator(noise=-0.1)
+
+
+def test_the_intended_actions_are_the_noise_free_demonstrator_on_the_states_the_noise_reached(env) -> None:
+    episode = play(env, TaskSpec("pick_place", 1, 7), Demonstrator(0.3, 11))
+    assert episode.intended is not None and episode.intended.shape == episode.actions.shape
+    assert not np.array_equal(episode.intended[:, :3], episode.actions[:, :3])  # the noise moved the arm
+    np.testing.assert_array_equal(episode.intended[:, 3:], episode.actions[:, 3:])  # rotation and gripper: no noise
+    clean = Demonstrator(0.0)
+    env.reset(TaskSpec("pick_place", 1, 7))
+    for intended, executed in zip(episode.intended, episode.actions, strict=True):
+        np.testing.assert_array_equal(clean.act(env.scene()).astype(np.float32), intended)
+        env.step(executed[None].astype(np.float64))

@@ -30,6 +30,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "deepspeed.zero_stage": (0, 1, 2, 3),
     "env.rollout.precision": ("bf16", "fp8"),
     "record.episodes": ("all", "successes"),
+    "demo.label": ("executed", "intended"),
     "record.version": ("v3.0", "v2.1"),
 }
 """Keys whose value must be one of a few names (the loss options, the LIBERO scene modes and env.name/env.suite are

@@ -363,6 +363,9 @@ class DemoConfig:
     """Demonstrations launch/demonstrate.py plays, spread evenly over the suite's tasks on TRAIN init states."""
     noise: float = 0.2
     """Std of the Gaussian noise on the scripted demonstrator's xyz actions (action units)."""
+    label: str = "executed"
+    """The actions recorded: executed (what the env ran, noise included) or intended (what the demonstrator meant
+    before the noise: noise-injected states with corrective labels, as DART trains)."""
 
 
 @dataclass

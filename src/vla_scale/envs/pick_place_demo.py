@@ -37,7 +37,8 @@ class DemoEpisode:
     """One demonstrated episode, per env step t: the observation before action t, and action t.
 
     images: camera -> uint8 [T, H, W, 3]; state: float32 [T, 4] (the env's proprio); actions: float32 [T, 7], exactly
-    what the env executed.
+    what the env executed; intended: float32 [T, 7], what the demonstrator meant before its noise (the label of
+    noise-injected demonstrations, DART: the states stray as the noise drives them, the labels correct them).
     """
 
     images: dict[str, np.ndarray]
@@ -45,6 +46,7 @@ class DemoEpisode:
     actions: np.ndarray
     instruction: str
     success: bool
+    intended: np.ndarray | None = None
 
 
 class Demonstrator:
@@ -61,14 +63,19 @@ class Demonstrator:
         self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
 
     def act(self, scene: Scene) -> np.ndarray:
-        """One action [7] from the scene."""
+        """One action [7] from the scene, noise included."""
+        return self.act_and_intent(scene)[0]
+
+    def act_and_intent(self, scene: Scene) -> tuple[np.ndarray, np.ndarray]:
+        """(the action [7] executed, noise included; the action meant, without it), both clipped to [-1, 1]."""
         target, gripper = self._waypoint(scene)
         action = np.zeros(ACTION_DIM)
         action[:3] = (target - np.array(scene.gripper)) / scene.max_delta
+        action[6] = gripper
+        intended = np.clip(action, -1.0, 1.0)
         if self.noise > 0:
             action[:3] += self.rng.normal(0.0, self.noise, 3)
-        action[6] = gripper
-        return np.clip(action, -1.0, 1.0)
+        return np.clip(action, -1.0, 1.0), intended
 
     def _waypoint(self, scene: Scene) -> tuple[np.ndarray, float]:
         """Where the grip point should go next, and the gripper command."""
@@ -111,11 +118,13 @@ def play(env: PickPlaceEnv, task: TaskSpec, demonstrator: Demonstrator) -> DemoE
     observation = env.reset(task)
     seen: list[Observation] = []
     actions: list[np.ndarray] = []
+    intended: list[np.ndarray] = []
     step: ChunkStep | None = None
     while step is None or not step.done:
-        action = demonstrator.act(env.scene()).astype(np.float32)
+        action, meant = (a.astype(np.float32) for a in demonstrator.act_and_intent(env.scene()))
         seen.append(observation)
         actions.append(action)
+        intended.append(meant)
         step = env.step(action[None].astype(np.float64))
         observation = step.observation
     return DemoEpisode(
@@ -124,4 +133,5 @@ def play(env: PickPlaceEnv, task: TaskSpec, demonstrator: Demonstrator) -> DemoE
         actions=np.stack(actions),
         instruction=seen[0].instruction,
         success=step.success,
+        intended=np.stack(intended),
     )
