@@ -141,3 +141,22 @@ def test_launch_sft_output_loads_for_rl_and_eval_with_the_same_policy_line(tmp_p
     assert lines[0].startswith(f"{run / 'checkpoints' / 'step_3'}: images agentview+wrist")
     assert lines[1].startswith(lines[0])  # eval adds its protocol after the description
     assert "statistics 'pick_place'" in lines[0]
+
+
+def test_a_sigterm_finishes_the_step_saves_it_and_says_how_to_resume(tmp_path, dataset):
+    import os
+    import signal
+
+    from vla_scale.stop_signals import Preempted
+
+    run = tmp_path / "run"
+    trainer = SupervisedTrainer(_config(f"sft.dataset={dataset}", "sft.steps=50"), str(run))
+    trainer.setup()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # a real signal, handled by the run's own handler
+        with pytest.raises(Preempted, match=f"run_dir={run} resume=true"):
+            trainer.train()
+    finally:
+        trainer.close()
+    assert checkpoint.latest_step(str(run)) == 1
+    assert checkpoint.resume_problems(str(run), trainer.run_groups(), 1) == []
