@@ -8,12 +8,14 @@ lines parsed): scripted demonstrations on the TRAIN init states (launch/demonstr
 (launch/sft.py) -> evaluation of the SFT policy on the held-out EVAL init states (launch/eval.py) -> GRPO from the
 SFT checkpoint (launch/train.py) -> evaluation of the RL policy (launch/eval.py). Everything a run writes stays in
 `--out/seed_<s>/`. Prints one row per seed and, per seed, the line
-`sft_rl: task=pick_place seed=<s> sft=<x.xx> rl=<y.yy> minutes=<m>` (minutes: the five commands' wall time).
+`sft_rl: task=pick_place seed=<s> sft=<x.xx> rl=<y.yy> minutes=<m>` (minutes: the five commands' wall time; the
+line's figures are cut, never rounded up, the table's have three decimals).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import subprocess
@@ -90,8 +92,14 @@ def main() -> None:
     for r in rows:
         print(f"| {r['seed']} | {r['sft']:.3f} | {r['rl']:.3f} | {r['rl'] - r['sft']:+.3f} | {r['minutes']:.1f} |")
     for r in rows:
-        print(f"sft_rl: task=pick_place seed={r['seed']} sft={r['sft']:.2f} rl={r['rl']:.2f} "
-              f"minutes={r['minutes']:.1f}", flush=True)
+        print(f"sft_rl: task=pick_place seed={r['seed']} sft={_down(r['sft'], 2)} rl={_down(r['rl'], 2)} "
+              f"minutes={_down(r['minutes'], 1)}", flush=True)
+
+
+def _down(value: float, places: int) -> str:
+    """`value` cut (never rounded up) to `places` decimals: the line's short form; the table has 3."""
+    scale = 10**places
+    return f"{math.floor(value * scale + 1e-9) / scale:.{places}f}"
 
 
 if __name__ == "__main__":
