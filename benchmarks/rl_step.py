@@ -394,18 +394,17 @@ def rollout_sweep(trainer, cfg: Config, costs: list[float], stages: int) -> None
 
 
 def update_alone(trainer) -> tuple[float, float]:
-    """Seconds and peak GiB of `Actor.update` on the last step's samples, micro-batches built beforehand (nothing
-    else timed)."""
-    plans = plan_update(trainer.last_batch.groups, trainer.cfg.algo, trainer.cfg.model, trainer.mean_over_ranks)
-    micro = [mb.micro_batches(trainer.processor) for mb in plans]
+    """Seconds and peak GiB of `Actor.grpo_update` on the last step's samples (old log-probs as the algorithm says,
+    as the step runs it), mini-batches planned beforehand (nothing else timed)."""
+    plans = plan_update(trainer.last_batch.groups, trainer.cfg.algo, trainer.cfg.model, trainer.processor,
+                        trainer.mean_over_ranks)
     trainer.memory.for_update()
     device = trainer.actor.device
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
-    for mbs in micro:
-        trainer.actor.update(mbs)
+    trainer.actor.grpo_update(plans)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start

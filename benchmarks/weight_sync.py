@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from vla_scale.batches import MicroBatch
+from vla_scale.batches import MicroBatch, MiniBatch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.models import PretrainedVLA
 from vla_scale.parallel.actor import Actor
@@ -234,7 +234,8 @@ def micro_batch(cfg: ModelConfig, vla: PretrainedVLA, batch: int, seed: int):
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (batch, cfg.image_size, cfg.image_size, 3), dtype=np.uint8)
     proprio = rng.uniform(-1, 1, (batch, cfg.proprio_dim)).astype(np.float32)
-    inputs = vla.processor.from_arrays(images, [TEXTS[i % 3] for i in range(batch)], proprio)
+    prepared = vla.processor.transform.prepare(images[:, None])
+    inputs = vla.processor.encode(prepared, [TEXTS[i % 3] for i in range(batch)], proprio)
     k = cfg.chunk_len * cfg.action_dim
     tokens = torch.from_numpy(rng.integers(0, cfg.n_bins, (batch, k)))
     advantages = torch.from_numpy(rng.choice([-1.0, 1.0], batch).astype(np.float32))
@@ -248,13 +249,13 @@ def mfu(actor: Actor, engine: RolloutEngine, cfg: ModelConfig, vla: PretrainedVL
 
     mb = micro_batch(cfg, vla, batch, dist.get_rank())
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        engine.policy(mb.inputs.to(engine.device))
+        engine.policy(mb.inputs.on(engine.device))
     flops = 3 * counter.get_total_flops()  # forward + backward (twice the forward)
     engine.release_memory_occupation()  # colocated: the engine's weights leave while the actor updates
-    actor.update([mb])  # warm-up
+    actor.grpo_update([MiniBatch((mb,))])  # warm-up
     if engine.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    seconds = timed(lambda: actor.update([mb]), engine.device, 3)
+    seconds = timed(lambda: actor.grpo_update([MiniBatch((mb,))]), engine.device, 3)
     peak = torch.cuda.max_memory_allocated() / 2**30 if engine.device.type == "cuda" else allocated_gib(engine.device)
     rate = matmul_rate(8192, 8192, 8192)
     say(f"{'update B/rank':>13} {'seconds':>8} {'TFLOP/rank':>10} {'MFU (989)':>10} {'MFU (matmul)':>12} "
@@ -299,7 +300,7 @@ def main() -> None:
     verified_floor_s = floor_s + verify_bytes / copy_bw
     say(f"verified floor: + ({2 * nbytes / 1e9:.2f} + {2 * nbytes / world / 1e9:.2f}) GB read / "
         f"{copy_bw / 1e9:.0f} = {verified_floor_s:.3f} s")
-    actor.update([micro_batch(cfg, vla, 2, rank)])  # optimizer state exists from here on
+    actor.grpo_update([MiniBatch((micro_batch(cfg, vla, 2, rank),))])  # optimizer state exists from here on
     gather_check(actor, args.buckets[-1])
     rows = bucket_table(actor, engine, args.buckets, floor_s, verified_floor_s, args.repeats)
     verify_parts(engine, args.buckets[-1])

@@ -1,10 +1,12 @@
-"""GRPO batches, named, from the episodes a step plays to what the actor takes.
+"""GRPO batches, named, from the episodes a step plays to what the actor takes: the record chain
+`Trajectory -> Sample -> MiniBatch -> MicroBatch`, all in this module.
 
 A `Trajectory` is one episode as the env loop records it; `StepBatch` holds the groups kept for one update; each
 chunk step of their episodes is a `Sample` (with its episode's group-normalised advantage); `plan_update` splits the
-samples into `algo.mini_batches` optimizer steps (`MiniBatch`: token mask, loss weights, rollout and old log-probs),
-each split into `algo.micro_batches` accumulation steps (`MicroBatch`, the inputs of one forward and backward of
-`Actor.update`).
+samples into `algo.mini_batches` optimizer steps (`MiniBatch`), each split into `algo.micro_batches` accumulation
+steps (`MicroBatch`: inputs, tokens, the rollout's log-probs, advantages, token mask and loss weights). Everything is
+built once, when the update is planned, and never changes after: the old log-probs, the truncated importance weights
+and the mismatch are the update's own (`Actor.grpo_update`).
 """
 
 from __future__ import annotations
@@ -20,13 +22,11 @@ from vla_scale.algo import (
     executed_action_mask,
     group_advantages,
     group_success_filter,
-    logprob_mismatch,
     loss_normaliser,
     token_weights,
-    truncated_is_weights,
 )
 from vla_scale.config import AlgoConfig, ModelConfig
-from vla_scale.models.policy import PolicyInputs
+from vla_scale.models.processor import PreparedInputs
 
 if TYPE_CHECKING:
     from vla_scale.envs.types import TaskSpec
@@ -76,18 +76,6 @@ class Trajectory:
 
 
 
-class MicroBatch(NamedTuple):
-    """One forward/backward of an update: inputs, sampled tokens, old log-probs (the rollout's, or recomputed),
-    advantages, the mask of the tokens that enter the loss and their weights (`algo.token_weights`)."""
-
-    inputs: PolicyInputs
-    tokens: torch.Tensor
-    old_logprobs: torch.Tensor
-    advantages: torch.Tensor
-    mask: torch.Tensor
-    weights: torch.Tensor
-
-
 @dataclass
 class StepBatch:
     """The groups kept for one update, and what the rollout saw before filtering."""
@@ -109,45 +97,37 @@ class Sample:
     episode: int
 
 
-def policy_inputs(samples: list[Sample], processor: Processor) -> tuple[PolicyInputs, torch.Tensor]:
-    """The policy's inputs of `samples` exactly as the rollout recorded them, and their sampled tokens. Built on the
-    host: an update builds all its micro-batches before the first runs, and each moves when it runs."""
+class MicroBatch(NamedTuple):
+    """One forward/backward of an update, immutable: the inputs exactly as the rollout decoded on (host side, images
+    uint8), the sampled tokens, the rollout's log-probs of them (the behaviour policy's), the advantages, the mask of
+    the tokens that enter the loss and their weights (`algo.token_weights` of the whole mini-batch)."""
+
+    inputs: PreparedInputs
+    tokens: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    weights: torch.Tensor
+
+
+@dataclass(frozen=True)
+class MiniBatch:
+    """One optimizer step: its micro-batches (accumulated), built once when the update is planned."""
+
+    micro_batches: tuple[MicroBatch, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(len(mb.inputs) for mb in self.micro_batches)
+
+
+def policy_inputs(samples: list[Sample], processor: Processor) -> tuple[PreparedInputs, torch.Tensor]:
+    """The policy's inputs of `samples` exactly as the rollout recorded them (host side: images uint8, normalised
+    where they run), and their sampled tokens."""
     images = np.stack([s.trajectory.images[s.step] for s in samples])
     proprio = np.stack([s.trajectory.proprio[s.step] for s in samples])
-    inputs: PolicyInputs = processor.from_prepared(images, [s.trajectory.instruction for s in samples], proprio)
+    inputs = processor.encode(images, [s.trajectory.instruction for s in samples], proprio)
     return inputs, torch.from_numpy(np.stack([s.trajectory.tokens[s.step] for s in samples]))
-
-
-@dataclass
-class MiniBatch:
-    """One optimizer step's samples, the tokens that enter the loss, their weights, the rollout's log-probs, the old
-    log-probs of the loss (the rollout's, or the actor's once recomputed) and the split into micro-batches (index
-    arrays into `samples`)."""
-
-    samples: list[Sample]
-    mask: torch.Tensor  # bool [R, K]
-    weights: torch.Tensor  # float32 [R, K]
-    rollout: torch.Tensor  # float32 [R, K]
-    old: torch.Tensor  # float32 [R, K]
-    parts: list[np.ndarray]
-
-    def micro_batch(self, part: np.ndarray, processor: Processor) -> MicroBatch:
-        inputs, tokens = policy_inputs([self.samples[j] for j in part], processor)
-        advantages = torch.tensor([self.samples[j].advantage for j in part], dtype=torch.float32)
-        return MicroBatch(inputs, tokens, self.old[part], advantages, self.mask[part], self.weights[part])
-
-    def micro_batches(self, processor: Processor) -> list[MicroBatch]:
-        return [self.micro_batch(part, processor) for part in self.parts]
-
-    def recompute_old(self, logprobs: Callable[[PolicyInputs, torch.Tensor], torch.Tensor], processor: Processor,
-                      tis_cap: float) -> None:
-        """The old log-probs become `logprobs` (the actor's, before any optimizer step) on exactly the rollout's
-        inputs, one micro-batch at a time (SimpleVLA-RL's way); with `tis_cap` > 0 the loss weights also get the
-        truncated importance weights."""
-        self.old = torch.cat([logprobs(*policy_inputs([self.samples[j] for j in part], processor))
-                              for part in self.parts])
-        if tis_cap > 0:
-            self.weights = self.weights * truncated_is_weights(self.old, self.rollout, tis_cap)
 
 
 def repeat_for_groups(specs: list[TaskSpec], group_size: int) -> list[TaskSpec]:
@@ -185,32 +165,30 @@ def mini_batch_samples(trajs: list[Trajectory], advantages: torch.Tensor, algo: 
     return [[Sample(trajs[e], k, advantages[e].item(), e) for e, k in mini] for mini in minis]
 
 
-def mini_batch(samples: list[Sample], algo: AlgoConfig, model: ModelConfig, mean_over_ranks: MeanOverRanks
-               ) -> MiniBatch:
-    """One mini-batch's samples with their token mask, loss weights, old log-probs (the rollout's) and micro-batch
-    split. The loss normaliser is the mini-batch's over every rank's share of it (`algo.loss_normaliser`): each
-    episode weighs what it would on one rank, DeepSpeed averaging the ranks' gradients."""
+def mini_batch(samples: list[Sample], algo: AlgoConfig, model: ModelConfig, processor: Processor,
+               mean_over_ranks: MeanOverRanks) -> MiniBatch:
+    """One mini-batch's micro-batches: token mask, loss weights, the rollout's log-probs. The loss normaliser is the
+    mini-batch's over every rank's share of it (`algo.loss_normaliser`): each episode weighs what it would on one
+    rank, DeepSpeed averaging the ranks' gradients."""
     executed = torch.tensor([s.trajectory.executed[s.step] for s in samples])
     mask = executed_action_mask(executed, model.chunk_len, model.action_dim)
     episodes = torch.tensor([s.episode for s in samples])
     normaliser = mean_over_ranks(loss_normaliser(mask, episodes, algo.loss_agg))
     weights = token_weights(mask, episodes, algo.loss_agg, normaliser).float()
     rollout = torch.from_numpy(np.stack([s.trajectory.logprobs[s.step] for s in samples]))
-    parts = np.array_split(np.arange(len(samples)), algo.micro_batches)
-    return MiniBatch(samples, mask, weights, rollout, rollout, parts)
+    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    micro = []
+    for part in np.array_split(np.arange(len(samples)), algo.micro_batches):
+        inputs, tokens = policy_inputs([samples[j] for j in part], processor)
+        micro.append(MicroBatch(inputs, tokens, rollout[part], advantages[part], mask[part], weights[part]))
+    return MiniBatch(tuple(micro))
 
 
-def plan_update(groups: list[list[Trajectory]], algo: AlgoConfig, model: ModelConfig,
-                mean_over_ranks: MeanOverRanks) -> list[MiniBatch]:
-    """The update of the kept `groups`: GRPO advantages per group, then the mini-batches."""
+def plan_update(groups: list[list[Trajectory]], algo: AlgoConfig, model: ModelConfig, processor: Processor,
+                mean_over_ranks: MeanOverRanks) -> tuple[MiniBatch, ...]:
+    """The update of the kept `groups`: GRPO advantages per group, then the mini-batches, every micro-batch's inputs
+    built here once."""
     trajs = [t for group in groups for t in group]
     advantages = group_advantages(torch.tensor([t.reward for t in trajs]), [t.uid for t in trajs])
-    return [mini_batch(samples, algo, model, mean_over_ranks)
-            for samples in mini_batch_samples(trajs, advantages, algo)]
-
-
-def step_mismatch(minis: list[MiniBatch], algo: AlgoConfig) -> dict[str, float]:
-    """The rollout <-> actor log-prob mismatch over every valid token of the step (old log-probs recomputed)."""
-    stats = logprob_mismatch(torch.cat([mb.old for mb in minis]), torch.cat([mb.rollout for mb in minis]),
-                             torch.cat([mb.mask for mb in minis]), algo.clip_low, algo.clip_high)
-    return {f"mismatch_{k}": v for k, v in stats.items()}
+    return tuple(mini_batch(samples, algo, model, processor, mean_over_ranks)
+                 for samples in mini_batch_samples(trajs, advantages, algo))

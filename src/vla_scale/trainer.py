@@ -28,12 +28,11 @@ from vla_scale.batches import (
     kept_groups,
     plan_update,
     repeat_for_groups,
-    step_mismatch,
 )
 from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, validate
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
-from vla_scale.parallel.actor import Actor
+from vla_scale.parallel.actor import Actor, UpdateResult
 from vla_scale.parallel.sim.cluster import ray_address_problem, start_ray
 from vla_scale.parallel.sim.fleet import SimFleet, SimNodeLost
 from vla_scale.parallel.sync.weight_sync import SyncReport, sync_weights
@@ -285,7 +284,7 @@ class Trainer:
         with timer("make_room"):
             self.memory.for_update()
         with timer("update"):
-            stats = self.update(batch)
+            result = self.update(batch)
         with timer("sync"):
             report = self.sync(self.version + 1)
         self.step += 1
@@ -295,10 +294,10 @@ class Trainer:
             "train/rollout_rounds": batch.rounds,
             "train/episodes": batch.episodes,
             **timer.metrics(),
-            "time/recompute_s": stats.pop("recompute_s", 0.0),
+            "time/recompute_s": result.recompute_s if result else 0.0,
             "sync/version": report.version, "sync/verify_s": report.verify_seconds,
             "sync/mib": report.bytes / 2**20,
-            **{f"train/{k}": v for k, v in stats.items()},
+            **{f"train/{k}": v for k, v in (result.metrics() if result else {"skipped_update": 1.0}).items()},
             **self.loop.stats.metrics(self.fleet.num_procs),
         }
         self.loop.stats = LoopStats()
@@ -327,38 +326,14 @@ class Trainer:
         return mean_over_ranks(value, self.world, self.actor.device)
 
     # ---- update -----------------------------------------------------------------------------------------------------
-    def update(self, batch: StepBatch) -> dict[str, float]:
-        """GRPO advantages per group, then `mini_batches` optimizer steps (`batches.plan_update` says how samples are
-        grouped). With `algo.old_logprobs=recompute` the old log-probs are the actor's before the update: the first
-        mini-batch's read off its own forward (`algo.old_logprobs_from_update`) or recomputed like the others', which
-        are recomputed first (every rank the same passes)."""
-        a = self.cfg.algo
-        # every rank must run the same number of forward/backward passes (ZeRO-3 gathers are collectives)
+    def update(self, batch: StepBatch) -> UpdateResult | None:
+        """GRPO advantages per group, the mini-batches (`batches.plan_update`), then the actor's update
+        (`Actor.grpo_update`: old log-probs, truncated importance weights, mismatch). None when some rank kept no
+        group: then no rank updates (every rank must run the same passes; ZeRO-3 gathers are collectives)."""
         if self.mean_over_ranks(float(bool(batch.groups))) < 1.0:
-            return {"skipped_update": 1.0}
-        minis = plan_update(batch.groups, a, self.cfg.model, self.mean_over_ranks)
-        recompute = a.old_logprobs == "recompute"
-        from_forward = recompute and a.old_logprobs_from_update
-        started = time.perf_counter()
-        if recompute:
-            for mb in minis[1:] if from_forward else minis:
-                mb.recompute_old(self.actor.logprobs, self.processor, a.tis_cap)
-        recompute_s = time.perf_counter() - started
-        totals: dict[str, float] = {}
-        first_mismatch: dict[str, float] = {}
-        for index, mb in enumerate(minis):
-            result = self.actor.update(mb.micro_batches(self.processor), old_from_forward=from_forward and index == 0)
-            if result.forward_logprobs:
-                mb.old = torch.cat(result.forward_logprobs)
-            for key, value in result.metrics.items():
-                if key.startswith("mismatch_"):  # the first micro-batch, before any optimizer step of this RL step
-                    first_mismatch.setdefault(key, value)
-                else:
-                    totals[key] = totals.get(key, 0.0) + value / len(minis)
-        totals.update(step_mismatch(minis, a) if recompute else first_mismatch)
-        totals["samples"] = float(sum(len(mb.samples) for mb in minis))
-        totals["recompute_s"] = recompute_s
-        return totals
+            return None
+        minis = plan_update(batch.groups, self.cfg.algo, self.cfg.model, self.processor, self.mean_over_ranks)
+        return self.actor.grpo_update(minis)
 
     def sync(self, version: int) -> SyncReport:
         """Actor -> engine in buckets; every rank's engine must hold the actor's exact weights (checksum logged).

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from vla_scale.batches import MicroBatch
+from vla_scale.batches import MicroBatch, MiniBatch
 from vla_scale.config import AlgoConfig, ConfigError, DeepSpeedConfig, EnvConfig, LoraConfig, ModelConfig, validate
 from vla_scale.envs.reach import instructions
 from vla_scale.models import PretrainedVLA, Processor, WordTokenizer, build_policy
@@ -39,7 +39,9 @@ def batch(seed: int, rows: int = 4) -> MicroBatch:
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (rows, 32, 32, 3), dtype=np.uint8)
     proprio = rng.uniform(-1, 1, (rows, CFG.proprio_dim)).astype(np.float32)
-    inputs = Processor.for_spec(SPEC, TOK).from_arrays(images, [instructions()[i % 3] for i in range(rows)], proprio)
+    processor = Processor.for_spec(SPEC, TOK)
+    texts = [instructions()[i % 3] for i in range(rows)]
+    inputs = processor.encode(processor.transform.prepare(images[:, None]), texts, proprio)
     k = CFG.chunk_len * 7
     mask = torch.ones(rows, k, dtype=torch.bool)
     return MicroBatch(inputs, torch.from_numpy(rng.integers(0, 256, (rows, k))), torch.full((rows, k), -5.5),
@@ -61,7 +63,7 @@ def raw(actor: Actor, only=None) -> dict[str, torch.Tensor]:
 def test_adapters_start_at_the_base_and_are_all_that_trains():
     torch.manual_seed(0)
     policy = build_policy(CFG, TOK).eval()
-    x = batch(0).inputs
+    x = batch(0).inputs.on("cpu")
     with torch.no_grad():
         before = policy(x)
     adapted = add_adapters(policy, LORA)
@@ -91,8 +93,8 @@ def test_the_merged_weight_computes_the_adapted_layer():
 def test_the_actor_trains_adapters_only_and_the_engine_receives_the_merged_weights():
     actor = lora_actor()
     base = raw(actor, lambda n: not is_adapter(n))
-    actor.update([batch(1)])
-    actor.update([batch(2)])
+    actor.grpo_update([MiniBatch((batch(1),))])
+    actor.grpo_update([MiniBatch((batch(2),))])
     after = raw(actor)
     assert all(torch.equal(after[n], t) for n, t in base.items())  # the base is frozen
     assert any(after[n].abs().sum() > 0 for n in after if n.endswith("lora_B.weight"))  # the adapters moved
@@ -101,7 +103,7 @@ def test_the_actor_trains_adapters_only_and_the_engine_receives_the_merged_weigh
     assert report.checksum == engine.checksum() and set(engine.weights) == set(base)
     served = dict(p for b in gathered_buckets(actor.policy, 1) for p in b)
     assert not any(is_adapter(n) for n in served)
-    x = batch(3).inputs
+    x = batch(3).inputs.on("cpu")
     with torch.no_grad():
         assert torch.allclose(engine.policy(x), actor.policy(x), atol=1e-4)  # merged vs unmerged: float rounding
 
@@ -109,9 +111,9 @@ def test_the_actor_trains_adapters_only_and_the_engine_receives_the_merged_weigh
 def test_lora_trains_alike_under_the_7b_settings():
     """Whole layers fetched at once (leaf modules), their activations recomputed, small parameters kept whole (the
     zero3_bf16 settings): ZeRO-3 must still gather the frozen weights for the backward pass through them."""
-    plain = lora_actor().update([batch(1)]).metrics
+    plain = lora_actor().grpo_update([MiniBatch((batch(1),))]).metrics()
     tuned = lora_actor(ds=DeepSpeedConfig(zero_stage=3, leaf_modules=True, activation_checkpointing=True,
-                                          param_persistence_threshold=5_000_000)).update([batch(1)]).metrics
+                                          param_persistence_threshold=5_000_000)).grpo_update([MiniBatch((batch(1),))]).metrics()
     for key in ("policy_loss", "grad_norm"):
         assert tuned[key] == pytest.approx(plain[key], rel=1e-5), key
 
@@ -124,7 +126,7 @@ def test_adapters_round_trip_through_the_peft_layout_and_merge_into_the_base(tmp
     vla.save_pretrained(str(tmp_path / "base"))
     base = PretrainedVLA.for_env(ModelConfig(checkpoint=str(tmp_path / "base")), EnvConfig())
     actor = lora_actor(build=base.new_policy)
-    actor.update([batch(1)])
+    actor.grpo_update([MiniBatch((batch(1),))])
     write_adapters(str(tmp_path / "adapters"), raw(actor, is_adapter), LORA, str(tmp_path / "base"))
     config = json.loads((tmp_path / "adapters" / ADAPTER_CONFIG).read_text())
     assert config["r"] == 4 and config["lora_alpha"] == 8.0 and config["peft_type"] == "LORA"

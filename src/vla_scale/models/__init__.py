@@ -3,7 +3,7 @@
 from vla_scale.models.actions import ActionTokenizer, DatasetStats
 from vla_scale.models.policy import OFTPolicy, build_policy
 from vla_scale.models.pretrained import CheckpointError, Prediction, PretrainedVLA
-from vla_scale.models.processor import ImageTransform, PolicyInputs, Processor
+from vla_scale.models.processor import ImageTransform, PolicyInputs, PreparedInputs, Processor
 from vla_scale.models.tokenizer import HFTokenizer, TextTokenizer, WordTokenizer
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "ImageTransform",
     "OFTPolicy",
     "PolicyInputs",
+    "PreparedInputs",
     "Prediction",
     "PretrainedVLA",
     "Processor",

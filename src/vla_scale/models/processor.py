@@ -59,6 +59,31 @@ class PolicyInputs:
 
 
 @dataclass(frozen=True)
+class PreparedInputs:
+    """One batch of model inputs kept on the host as the rollout recorded it: the images uint8, the prompts tokenised
+    and the proprio normalised. `on(device)` makes the `PolicyInputs` there, normalising the pixels on `device`
+    (`ImageTransform.normalize`): an update builds its batches once and moves a quarter of the float32 bytes."""
+
+    images: np.ndarray  # uint8[B, N, S, S, 3], as the towers see them
+    input_ids: Tensor  # int64[B, L]
+    attention_mask: Tensor  # bool[B, L]
+    proprio: Tensor  # float32[B, d], already normalised
+    transform: ImageTransform
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, index: slice | np.ndarray) -> PreparedInputs:
+        return PreparedInputs(self.images[index], self.input_ids[index], self.attention_mask[index],
+                              self.proprio[index], self.transform)
+
+    def on(self, device: torch.device | str) -> PolicyInputs:
+        pixels = self.transform.normalize(self.images, device)
+        return PolicyInputs(pixels, *(t.to(device, non_blocking=True)
+                                      for t in (self.input_ids, self.attention_mask, self.proprio)))
+
+
+@dataclass(frozen=True)
 class ImageTransform:
     """uint8 images [B, N, H, W, 3] -> pixel_values float32 [B, N * 3 * towers, S, S]."""
 
@@ -242,12 +267,19 @@ class Processor:
                       device: torch.device | str = "cpu") -> PolicyInputs:
         """Prepared images uint8 [B, N, S, S, 3] (`prepare`); proprio raw [B, d]. The pixels are normalised on
         `device`, where the policy runs (`ImageTransform.normalize`); the rest stays on the host."""
+        prepared = self.encode(images, instructions, proprio)
         pixels = self.transform.normalize(images, device)
+        return PolicyInputs(pixels, prepared.input_ids, prepared.attention_mask, prepared.proprio)
+
+    def encode(self, images: np.ndarray, instructions: list[str], proprio: np.ndarray) -> PreparedInputs:
+        """Prepared images uint8 [B, N, S, S, 3] (`prepare`) and raw proprio [B, d] -> the host-side inputs whose
+        pixels are normalised where they run (`PreparedInputs.on`)."""
         if self.stats is not None:
             proprio = self.stats.normalize_proprio(proprio)
         ids, mask = self._encode(instructions)
         proprio_t = torch.from_numpy(np.asarray(proprio, dtype=np.float32))
-        return PolicyInputs(pixels, torch.from_numpy(ids), torch.from_numpy(mask), proprio_t)
+        return PreparedInputs(np.ascontiguousarray(images), torch.from_numpy(ids), torch.from_numpy(mask), proprio_t,
+                              self.transform)
 
     def prompt_ids(self, instruction: str) -> list[int]:
         """The ids of the instruction's official prompt (BOS first), each instruction tokenised once."""

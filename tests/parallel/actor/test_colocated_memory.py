@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from vla_scale.batches import MicroBatch
+from vla_scale.batches import MicroBatch, MiniBatch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer, build_policy
@@ -23,11 +23,16 @@ TOK = WordTokenizer.from_instructions(instructions())
 SPEC = spec_from_model_config(CFG, TOK.vocab_size, TOK.eos_id)
 
 
-def _batch(seed: int):
+def _prepared(seed: int):
+    """Four examples as an update holds them (images uint8, at the towers' size already)."""
     rng = np.random.default_rng(seed)
-    images = rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
+    images = rng.integers(0, 256, (4, 1, 32, 32, 3), dtype=np.uint8)
     proprio = rng.uniform(-1, 1, (4, CFG.proprio_dim)).astype(np.float32)
-    return Processor.for_spec(SPEC, TOK).from_arrays(images, [instructions()[seed % 3]] * 4, proprio)
+    return Processor.for_spec(SPEC, TOK).encode(images, [instructions()[seed % 3]] * 4, proprio)
+
+
+def _batch(seed: int):
+    return _prepared(seed).on("cpu")
 
 
 def _micro_batches(seed: int):
@@ -35,7 +40,7 @@ def _micro_batches(seed: int):
     k = CFG.chunk_len * 7
     tokens = torch.from_numpy(rng.integers(0, 256, (4, k)))
     mask = torch.ones(4, k, dtype=torch.bool)
-    return [MicroBatch(_batch(seed), tokens, torch.full((4, k), -5.5), torch.tensor([1.0, -1.0, 0.5, -0.5]), mask,
+    return [MicroBatch(_prepared(seed), tokens, torch.full((4, k), -5.5), torch.tensor([1.0, -1.0, 0.5, -0.5]), mask,
                        mask.float() / mask.numel())]
 
 
@@ -46,7 +51,7 @@ def _train(ds: DeepSpeedConfig, offload_between_updates: bool = False) -> tuple[
     stats = []
     for step in range(3):
         actor.reload_states()
-        stats.append(actor.update(_micro_batches(step)).metrics)
+        stats.append(actor.grpo_update([MiniBatch(tuple(_micro_batches(step)))]).metrics())
         if offload_between_updates:
             actor.offload_states()
     full = weights_checksum([(n, t.clone()) for b in gathered_buckets(actor.policy, 1) for n, t in b])
@@ -98,15 +103,15 @@ def test_streamed_states_save_and_resume_where_they_were(tmp_path):
         return Actor(lambda zero3: build_policy(CFG, TOK, zero3), ds, AlgoConfig(micro_batches=1))
 
     first = new_actor()
-    first.update(_micro_batches(0))
+    first.grpo_update([MiniBatch(tuple(_micro_batches(0)))])
     first.save(str(tmp_path), "step_1", {})
-    first.update(_micro_batches(1))
+    first.grpo_update([MiniBatch(tuple(_micro_batches(1)))])
     resumed = new_actor()
     resumed.load(str(tmp_path), "step_1")
     assert resumed._state_holder is not None
     held = {t.data_ptr() for t in resumed._state_holder.host.values()}
     assert all(t.data_ptr() in held for t in resumed._state_holder.masters)
-    resumed.update(_micro_batches(1))
+    resumed.grpo_update([MiniBatch(tuple(_micro_batches(1)))])
     checksum = [weights_checksum([(n, t.clone()) for b in gathered_buckets(a.policy, 1) for n, t in b])
                 for a in (first, resumed)]
     assert checksum[0] == checksum[1]

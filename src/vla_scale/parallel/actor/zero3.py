@@ -8,7 +8,8 @@ whole model; weight sync and checkpoints gather parameters explicitly (`parallel
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +18,12 @@ import torch
 from deepspeed.utils import set_z3_leaf_modules
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from vla_scale.algo import clipped_policy_loss, supervised_loss, truncated_is_weights
-from vla_scale.batches import MicroBatch
+from vla_scale.algo import clipped_policy_loss, logprob_mismatch, supervised_loss, truncated_is_weights
+from vla_scale.batches import MicroBatch, MiniBatch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig, SftConfig
 from vla_scale.models.lora import add_adapters
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
+from vla_scale.models.processor import PreparedInputs
 from vla_scale.models.vision import Block
 from vla_scale.parallel.actor.optimizer_states import OptimizerStates, stream_states_through_step
 
@@ -58,17 +60,60 @@ def deepspeed_config(ds: DeepSpeedConfig, algo: Training) -> dict[str, Any]:
     }
 
 
-@dataclass
-class UpdateStats:
-    """An update's metrics (token-weighted over its micro-batches) and, when the old log-probs came from the update's
-    own forward, those log-probs per micro-batch (float32, host), for the rollout <-> actor mismatch."""
+@dataclass(frozen=True)
+class Mismatch:
+    """How far the rollout's log-probs are from the actor's before the update, over the valid tokens
+    (`algo.logprob_mismatch`): mean |log ratio|, the k3 KL estimate, the share of ratios outside the clip range."""
 
-    metrics: dict[str, float]
-    forward_logprobs: list[torch.Tensor] = field(default_factory=list)
+    abs_log_ratio: float = 0.0
+    approx_kl: float = 0.0
+    outside_clip: float = 0.0
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """One GRPO update: the optimizer steps' mean loss, clip fraction, entropy, approx KL and gradient norm (each
+    optimizer step's token-weighted over its micro-batches), the rollout <-> actor mismatch, the samples trained on
+    and the seconds the old log-probs' recompute took."""
+
+    policy_loss: float
+    clip_frac: float
+    entropy: float
+    approx_kl: float
+    grad_norm: float
+    mismatch: Mismatch
+    samples: int
+    recompute_s: float = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """The `train/` scalars of the update (TensorBoard names without the prefix)."""
+        return {"policy_loss": self.policy_loss, "clip_frac": self.clip_frac, "entropy": self.entropy,
+                "approx_kl": self.approx_kl, "grad_norm": self.grad_norm,
+                **{f"mismatch_{k}": v for k, v in vars(self.mismatch).items()}, "samples": float(self.samples)}
+
+
+@dataclass
+class _StepStats:
+    """One optimizer step's metrics and the old log-probs its loss used, per micro-batch (float32, host)."""
+
+    policy_loss: float = 0.0
+    clip_frac: float = 0.0
+    entropy: float = 0.0
+    approx_kl: float = 0.0
+    grad_norm: float = 0.0
+    first_mismatch: Mismatch = field(default_factory=Mismatch)
+    old: list[torch.Tensor] = field(default_factory=list)
+
+
+def _mean_in_order(values: list[float]) -> float:
+    total = 0.0
+    for value in values:
+        total += value / len(values)
+    return total
 
 
 class Actor:
-    """Recomputes log-probs and applies the GRPO update through DeepSpeed."""
+    """The trainable policy in DeepSpeed: the GRPO update (`grpo_update`), the supervised step, log-probs."""
 
     def __init__(self, build: Callable[[bool], OFTPolicy], ds: DeepSpeedConfig, algo: Training,
                  lora: LoraConfig | None = None):
@@ -135,51 +180,86 @@ class Actor:
     def device(self) -> torch.device:
         return self.engine.device
 
-    def _forward(self, inputs: PolicyInputs) -> torch.Tensor:
-        return self.engine((inputs.trimmed() if self.trim else inputs).to(self.device))
+    def _forward(self, inputs: PolicyInputs | PreparedInputs) -> torch.Tensor:
+        inputs = inputs.on(self.device) if isinstance(inputs, PreparedInputs) else inputs.to(self.device)
+        return self.engine(inputs.trimmed() if self.trim else inputs)
 
-    def update(self, micro_batches: list[MicroBatch], old_from_forward: bool = False) -> UpdateStats:
-        """One optimizer step over `micro_batches`, accumulated.
+    def grpo_update(self, minis: Sequence[MiniBatch]) -> UpdateResult:
+        """The GRPO update of one RL step: one optimizer step per mini-batch. It owns where the PPO ratio's old
+        log-probs come from (`algo.old_logprobs`): the rollout's, or the actor's before the update, recomputed one
+        micro-batch at a time (SimpleVLA-RL's way) except the first mini-batch's, which with
+        `algo.old_logprobs_from_update` are read off its own forward, detached (what a recompute gives, without the
+        pass). With recomputed old log-probs and `algo.tis_cap` > 0 each token's loss weight is multiplied by the
+        truncated importance weight min(actor / rollout probability, cap). The mismatch is measured over every valid
+        token of the step (recomputed), or on the first micro-batch before the first optimizer step (the rollout's).
+        Every rank must run it with the same number of mini- and micro-batches (ZeRO-3 gathers are collectives)."""
+        a = self.algo
+        recompute = a.old_logprobs == "recompute"
+        from_forward = recompute and a.old_logprobs_from_update
+        started = time.perf_counter()
+        olds: list[list[torch.Tensor | None]] = []
+        for index, mb in enumerate(minis):
+            if not recompute:
+                olds.append([m.rollout_logprobs for m in mb.micro_batches])
+            elif from_forward and index == 0:
+                olds.append([None] * len(mb.micro_batches))
+            else:
+                olds.append([self.logprobs(m.inputs, m.tokens) for m in mb.micro_batches])
+        recompute_s = time.perf_counter() - started
+        steps = [self._optimizer_step(mb.micro_batches, old, tis=recompute and a.tis_cap > 0)
+                 for mb, old in zip(minis, olds, strict=True)]
+        if recompute:
+            micro = [m for mb in minis for m in mb.micro_batches]
+            mismatch = Mismatch(**logprob_mismatch(torch.cat([o for step in steps for o in step.old]),
+                                                   torch.cat([m.rollout_logprobs for m in micro]),
+                                                   torch.cat([m.mask for m in micro]), a.clip_low, a.clip_high))
+        else:
+            mismatch = steps[0].first_mismatch
+        mean = {key: _mean_in_order([getattr(step, key) for step in steps])
+                for key in ("policy_loss", "clip_frac", "entropy", "approx_kl", "grad_norm")}
+        return UpdateResult(**mean, mismatch=mismatch, samples=sum(mb.rows for mb in minis), recompute_s=recompute_s)
+
+    def _optimizer_step(self, micro_batches: Sequence[MicroBatch], old: list[torch.Tensor | None], tis: bool
+                        ) -> _StepStats:
+        """One optimizer step over `micro_batches`, accumulated; `old[i]` the old log-probs of micro-batch i (None:
+        its own forward's, detached); `tis`: weigh tokens by the truncated importance weights.
 
         The weights (`algo.token_weights` of the whole mini-batch) make each micro-batch's loss its share of the
         mini-batch's loss, whatever the split, so the losses are summed as they are (no division by the number of
-        micro-batches). Metrics are weighted by each micro-batch's valid tokens. With `old_from_forward` the old
-        log-probs are the forward's own, detached (what a recompute before the step gives), the micro-batches'
-        `old_logprobs` are the rollout's, and `algo.tis_cap` weighs tokens by the ratio of the two.
-        """
+        micro-batches). Metrics are weighted by each micro-batch's valid tokens."""
         self.engine.train()
         tokens_total = max(sum(int(mb.mask.sum()) for mb in micro_batches), 1)
-        stats: dict[str, float] = {"policy_loss": 0.0, "clip_frac": 0.0, "entropy": 0.0, "approx_kl": 0.0}
-        forward_logprobs: list[torch.Tensor] = []
+        stats = _StepStats()
         for index, mb in enumerate(micro_batches):
             share = int(mb.mask.sum()) / tokens_total
             self.engine.set_gradient_accumulation_boundary(index == len(micro_batches) - 1)
             logits = self._forward(mb.inputs)  # the head's distribution parameters
             logprobs = self.policy.distribution.logprobs(logits, mb.tokens.to(self.device), self.algo.temperature)
-            old, weights = mb.old_logprobs.to(self.device), mb.weights.to(self.device)
-            if old_from_forward:
-                rollout, old = old, logprobs.detach()
-                forward_logprobs.append(old.float().cpu())
-                if self.algo.tis_cap > 0:
-                    weights = weights * truncated_is_weights(old, rollout, self.algo.tis_cap)
+            given = old[index]
+            old_lp = logprobs.detach() if given is None else given.to(self.device)
+            stats.old.append(old_lp.float().cpu())
+            weights = mb.weights.to(self.device)
+            if tis:
+                weights = weights * truncated_is_weights(old_lp, mb.rollout_logprobs.to(self.device),
+                                                         self.algo.tis_cap)
             mask = mb.mask.to(self.device)
-            loss, info = clipped_policy_loss(logprobs, old, mb.advantages.to(self.device), mask, self.algo.clip_low,
-                                             self.algo.clip_high, weights)
-            if index == 0 and not old_from_forward:  # before this update's optimizer step: the rollout <-> actor gap
-                stats.update({f"mismatch_{k}": info[k] for k in ("abs_log_ratio", "approx_kl", "outside_clip")})
+            loss, info = clipped_policy_loss(logprobs, old_lp, mb.advantages.to(self.device), mask,
+                                             self.algo.clip_low, self.algo.clip_high, weights)
+            if index == 0:  # before this optimizer step: the rollout <-> actor gap when the old are the rollout's
+                stats.first_mismatch = Mismatch(info["abs_log_ratio"], info["approx_kl"], info["outside_clip"])
             self.engine.backward(loss, scale_wrt_gas=False)
             self.engine.step()
             with torch.no_grad():
                 entropy = self.policy.distribution.entropy(logits.detach(), self.algo.temperature)
                 entropy = entropy[mask].mean().nan_to_num().item()
-            stats["policy_loss"] += loss.item()
-            stats["clip_frac"] += info["clip_frac"] * share
-            stats["approx_kl"] += info["approx_kl"] * share
-            stats["entropy"] += entropy * share
+            stats.policy_loss += loss.item()
+            stats.clip_frac += info["clip_frac"] * share
+            stats.approx_kl += info["approx_kl"] * share
+            stats.entropy += entropy * share
         if self.streams_states and self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()  # the last sub-groups' states have reached the host buffers
-        stats["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
-        return UpdateStats(stats, forward_logprobs)
+        stats.grad_norm = float(self.engine.get_global_grad_norm() or 0.0)
+        return stats
 
     def supervised_update(self, micro_batches: list[tuple[PolicyInputs, torch.Tensor]]) -> dict[str, float]:
         """One optimizer step of supervised fine-tuning over `micro_batches` of (inputs, targets), accumulated: each
@@ -201,7 +281,7 @@ class Actor:
         return stats
 
     @torch.no_grad()
-    def logprobs(self, inputs: PolicyInputs, tokens: torch.Tensor) -> torch.Tensor:
+    def logprobs(self, inputs: PolicyInputs | PreparedInputs, tokens: torch.Tensor) -> torch.Tensor:
         """The actor's log-probs of `tokens` at the sampling temperature (no gradient), float32 on the CPU: the old
         log-probs of `algo.old_logprobs=recompute`. Every rank must call it equally often (ZeRO-3 gathers)."""
         logprobs = self.policy.distribution.logprobs(self._forward(inputs), tokens.to(self.device),
