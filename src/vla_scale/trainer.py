@@ -186,8 +186,9 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.algo, cfg.model.lora)
         engine_dtype = torch.bfloat16 if cfg.deepspeed.bf16 else None  # the engine holds what the actor holds
-        self.engine = RolloutEngine(self.vla.policy, self.actor.device, seed=cfg.seed * 1000 + self.rank,
-                                    dtype=engine_dtype, precision=cfg.env.rollout.precision)
+        # the engine is built empty: the first sync below fills every weight (one checkpoint read, the actor's)
+        self.engine = RolloutEngine(self.vla.unfilled_policy(), self.actor.device, seed=cfg.seed * 1000 + self.rank,
+                                    dtype=engine_dtype, precision=cfg.env.rollout.precision, filled=False)
         self.memory = ColocatedMemory(self.actor, self.engine, cfg.deepspeed)
         self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
         self._start_ray()

@@ -183,3 +183,18 @@ def test_the_engine_stacks_q_k_v_and_gate_up_weights_without_copies(engines):
         assert w.qkv is not None and w.gate_up is not None
         assert w.qkv.data_ptr() == w.q.data_ptr() and torch.equal(w.qkv, torch.cat([w.q, w.k, w.v]))
         assert w.gate_up.data_ptr() == w.gate.data_ptr() and torch.equal(w.gate_up, torch.cat([w.gate, w.up]))
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_an_unfilled_engine_decodes_only_once_a_sync_filled_it(fast):
+    """An engine built on `OFTPolicy.unfilled` (no init, no checkpoint read) refuses to decode before a weight sync;
+    after one it decodes what an engine built on the filled policy decodes, bit for bit."""
+    policy, batch = tiny_case("causal")
+    empty = RolloutEngine(OFTPolicy.unfilled(policy.spec), seed=7, fast=fast, filled=False)
+    with pytest.raises(RuntimeError, match="holds no weights"):
+        empty.decode(batch, temperature=1.0)
+    empty.update_weights_from_tensor([(n, p.detach()) for n, p in policy.named_parameters()], 1)
+    reference = RolloutEngine(policy, seed=7, fast=fast)
+    got, want = empty.decode(batch, temperature=1.0), reference.decode(batch, temperature=1.0)
+    assert np.array_equal(got.tokens, want.tokens) and np.array_equal(got.logprobs, want.logprobs)
+    assert empty.checksum() == reference.checksum()

@@ -177,6 +177,17 @@ class OFTPolicy(nn.Module):
         return policy
 
     @classmethod
+    def unfilled(cls, spec: OFTSpec) -> OFTPolicy:
+        """A policy of `spec` whose parameters are allocated but hold no values yet: no init, no checkpoint read, and
+        on the host no memory in use either, as nothing writes the pages (`torch.empty`). The rollout engine's, which
+        lays its weights out on its device (`RolloutEngine(filled=False)`) for the first weight sync to fill whole.
+        Buffers (rotary tables) are computed as usual."""
+        from transformers import initialization
+
+        with initialization.no_init_weights():
+            return cls(spec, init=False)
+
+    @classmethod
     def from_pretrained(cls, path: str, zero3_init: bool = False, dtype: torch.dtype = torch.float32,
                         device: str | None = None, **overrides: Any) -> OFTPolicy:
         """Load an official OpenVLA-OFT folder (or one `save_pretrained` wrote); `overrides` replace spec fields

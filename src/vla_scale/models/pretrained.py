@@ -263,6 +263,11 @@ class PretrainedVLA:
                 merge_adapters(policy, folder, zero3_init)
         return policy
 
+    def unfilled_policy(self) -> OFTPolicy:
+        """A policy of this one's shape holding no values yet (`OFTPolicy.unfilled`): for a rollout engine that a
+        weight sync fills (the trainer's); nothing is read from the checkpoint."""
+        return OFTPolicy.unfilled(self.spec)
+
     @property
     def cameras(self) -> tuple[str, ...]:
         """Observation image names the policy takes, primary first."""

@@ -56,13 +56,15 @@ class RolloutEngine:
 
     def __init__(self, policy: OFTPolicy, device: str | torch.device = "cpu", seed: int = 0,
                  fast: bool | None = None, compile: bool | None = None, pin_memory: bool | None = None,
-                 dtype: torch.dtype | None = None, precision: str = "bf16", emulate_fp8: bool = False):
+                 dtype: torch.dtype | None = None, precision: str = "bf16", emulate_fp8: bool = False,
+                 filled: bool = True):
         """`fast`, `compile`, `pin_memory`: None picks them by device (all on for CUDA, off on CPU). `compile`
         applies to the fast path only; `pin_memory` stages host inputs in reused page-locked buffers so that their
         copy to the GPU is asynchronous. `dtype`: cast the engine's weights (e.g. bfloat16), None keeps the policy's;
         weight sync then casts what it receives to it. `precision`: "bf16" multiplies in the weights' own dtype,
         "fp8" on FP8 tensor cores (fast path only; refused on a device without them); `emulate_fp8` runs the FP8
-        arithmetic in float32 instead, on any device (tests)."""
+        arithmetic in float32 instead, on any device (tests). `filled=False`: the policy's weights hold no values yet
+        (`OFTPolicy.unfilled`); nothing is copied, and decoding waits for the first weight sync."""
         self.device = torch.device(device)
         on_gpu = self.device.type == "cuda"
         if precision not in PRECISIONS:
@@ -71,7 +73,7 @@ class RolloutEngine:
         if problem is not None:
             raise ValueError(problem)
         self.policy = policy.eval().requires_grad_(False)
-        self._lay_out_weights(dtype, copy=True)
+        self._lay_out_weights(dtype, copy=filled)
         if dtype is None:  # the buffers (the weights are in place already)
             self.policy.to(self.device)
         else:
@@ -90,7 +92,7 @@ class RolloutEngine:
         self.pin_memory = on_gpu if pin_memory is None else pin_memory
         self._staging: dict[str, Tensor] = {}
         self.released = False
-        self._awaiting_sync = False  # after resume_memory_occupation, until weights arrive
+        self._awaiting_sync = not filled  # unfilled, or after resume_memory_occupation: until weights arrive
         self._shapes: list[torch.Size] = []
         self.weights = dict(self.policy.named_parameters())  # by name: looked up per bucket of every sync
 
