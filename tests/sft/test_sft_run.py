@@ -61,6 +61,7 @@ def _fine_tune(run: Path, dataset: Path, *overrides: str) -> SupervisedTrainer:
     return trainer
 
 
+@pytest.mark.slow  # fine-tunes
 def test_the_loss_falls_and_the_checkpoint_is_a_policy_with_the_demonstrations_statistics(tmp_path, dataset,
                                                                                             episodes):
     run = tmp_path / "run"
@@ -78,6 +79,7 @@ def test_the_loss_falls_and_the_checkpoint_is_a_policy_with_the_demonstrations_s
     assert vla.spec.resolved_convention == "env"
 
 
+@pytest.mark.slow  # fine-tunes
 def test_a_resumed_fine_tune_ends_bit_for_bit_where_an_uninterrupted_one_does(tmp_path, dataset):
     whole = tmp_path / "whole"
     _fine_tune(whole, dataset, "sft.steps=4")
@@ -143,6 +145,7 @@ def test_launch_sft_output_loads_for_rl_and_eval_with_the_same_policy_line(tmp_p
     assert "statistics 'pick_place'" in lines[0]
 
 
+@pytest.mark.slow  # fine-tunes
 def test_a_sigterm_finishes_the_step_saves_it_and_says_how_to_resume(tmp_path, dataset):
     import os
     import signal
