@@ -40,7 +40,7 @@ Each phase's peak GPU memory is in the table (rollout, update, sync; the step's 
 at the model's shape) instead of the LM head's bins; the anchors' way is then left out (they cannot train that head),
 so the two heads are compared by two runs of the same command, `--only-ours`, one per head.
 
-`--precision fp8` runs our way's rollouts on the FP8 engine (`env.rollout.precision=fp8`; the table's mismatch
+`--precision fp8` runs our way's rollouts on the FP8 engine (`rollout.precision=fp8`; the table's mismatch
 columns are then its gap to the actor, `train/mismatch_*`) and, after its steps, one rollout each with the FP8 and
 the bf16 products on the same engine and fleet settings, side by side (`rl_step rollouts fp8: ...`; with
 `--rollout-sweep`, before the sweep).
@@ -68,7 +68,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from vla_scale.batches import Sample, plan_update, policy_inputs  # noqa: E402
-from vla_scale.config import Config, RolloutConfig, register_configs, to_config, validate  # noqa: E402
+from vla_scale.config import Config, register_configs, to_config, validate  # noqa: E402
 from vla_scale.models.processor import PolicyInputs  # noqa: E402
 from vla_scale.rollout.engine import Decoded, RolloutEngine  # noqa: E402
 from vla_scale.rollout.env_loop import EnvLoop  # noqa: E402
@@ -106,7 +106,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--only-ours", action="store_true", help="our way only (no anchors' steps, no speedups)")
     p.add_argument("--update-sweep", type=int, nargs="*", default=None, metavar="SAMPLES",
                    help="after the warm-up steps, only our update alone at each of these micro-batch sizes")
-    p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"), help="our way's env.rollout.precision")
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"), help="our way's rollout.precision")
     p.add_argument("--action-head", default="tokens", choices=("tokens", "l1"),
                    help="model.action_head: l1 trains the L1-regression head's Gaussian (our way only: the anchors "
                         "cannot train it)")
@@ -131,8 +131,8 @@ def trainer_config(args: argparse.Namespace, substeps: int) -> Config:
         "algo.max_resample_rounds=0", "algo.filter_low=0", "algo.filter_high=1",  # every group kept: fixed work
         "env=reach", "env.reach.max_delta=1e-9",  # the end effector stays put: no episode ends early, the same work
         f"env.max_steps={args.max_steps}", "env.camera_resolution=0", f"env.num_workers={args.workers}",
-        f"env.sims_per_worker={args.sims}", f"env.rollout.pipeline_stage_num={args.stages}",
-        f"env.rollout.precision={args.precision}",
+        f"env.sims_per_worker={args.sims}", f"rollout.pipeline_stage_num={args.stages}",
+        f"rollout.precision={args.precision}",
         f"env.reach.physics_substeps={substeps}", "env.step_timeout_s=600", "progress=false", "save_every=0",
         f"deepspeed={'zero3_bf16' if gpu else 'zero3'}",
         f"deepspeed.offload_states_during_rollout={str(gpu).lower()}",
@@ -241,7 +241,7 @@ def warm_up(trainer, cfg: Config) -> float:
     start = time.perf_counter()
     rng = np.random.default_rng(0)
     vla, m = trainer.vla, cfg.model
-    for batch in (3, trainer.fleet.size // cfg.env.rollout.pipeline_stage_num, trainer.fleet.size):
+    for batch in (3, trainer.fleet.size // cfg.rollout.pipeline_stage_num, trainer.fleet.size):
         cams = len(vla.cameras)
         images = rng.integers(0, 256, (batch, cams, m.image_size, m.image_size, 3), dtype=np.uint8)
         proprio = rng.uniform(-1, 1, (batch, m.proprio_dim)).astype(np.float32)
@@ -316,9 +316,8 @@ def entropy_pass(trainer) -> float:
 
 def rollout_row(trainer, cfg: Config, sim_ms: float, substeps: int, way: str, stages: int) -> dict:
     """One rollout (`Trainer.collect`) on a fleet of its own: `way` ours (fast decode, `stages`) or anchors."""
-    env = replace(cfg.env, reach=replace(cfg.env.reach, physics_substeps=substeps),
-                  rollout=replace(cfg.env.rollout, pipeline_stage_num=stages))
-    fleet = start_fleet(env, trainer.vla, trainer.fleet.size)
+    env = replace(cfg.env, reach=replace(cfg.env.reach, physics_substeps=substeps))
+    fleet = start_fleet(env, trainer.vla, trainer.fleet.size, stages)
     try:
         boot = [s for s in trainer.sampler.draw(trainer.groups) for _ in range(cfg.algo.group_size)]
         fleet.send_reset(boot, np.ones(fleet.size, dtype=bool))  # simulators built and reset before the clock starts
@@ -480,7 +479,7 @@ def main() -> None:
     print(f"rl_step setup {setup_s:.1f}s: model={cfg.model.name} action_head={cfg.model.action_head} device={device} "
           "episodes/step="
           f"{cfg.algo.batch_size * cfg.algo.group_size} max_steps={cfg.env.max_steps} sim procs={procs} "
-          f"stages={cfg.env.rollout.pipeline_stage_num} physics substeps/env step={substeps} (--sim-ms {args.sim_ms}) "
+          f"stages={cfg.rollout.pipeline_stage_num} physics substeps/env step={substeps} (--sim-ms {args.sim_ms}) "
           f"matmul {rate / 1e12:.1f} TFLOP/s; decode warm-up (compile) {warm_s:.1f}s"
           + (f"; {cap} (our way)" if cap else ""), flush=True)
     if args.rollout_sweep is not None:
@@ -502,7 +501,6 @@ def main() -> None:
     rows: list[dict] = []
     flops = 0.0
     ours_fleet, ours_loop = trainer.fleet, trainer.loop
-    anchor_env = replace(cfg.env, rollout=RolloutConfig(pipeline_stage_num=1))
     samples_per_step = cfg.algo.batch_size * cfg.algo.group_size * trainer.max_chunks
     for way in ("ours",) if args.only_ours else ("ours", "anchors"):
         if way == "anchors":
@@ -511,7 +509,7 @@ def main() -> None:
             use_update_settings(trainer, anchors_update(cfg, samples_per_step))
             ours_loop.cancel_prefetch()
             trainer.next_specs = None
-            trainer.fleet = start_fleet(anchor_env, trainer.vla, ours_fleet.size)
+            trainer.fleet = start_fleet(cfg.env, trainer.vla, ours_fleet.size, stages=1)
             plain = MicroBatchedPlainDecode(trainer.engine)
             trainer.loop = SequentialLoop(trainer.fleet, plain, trainer.vla, trainer.max_chunks)  # type: ignore[arg-type]
             context = plain

@@ -109,8 +109,8 @@ def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) 
     print(f"evaluating {source} on {e.suite}: {len(specs)} episodes, run directory {run_dir}\n"
           f"policy: {vla.describe(e)}; {protocol}", flush=True)
     start_ray_for(e, cfg.parallel)
-    size = e.num_workers * e.sims_per_worker * e.rollout.pipeline_stage_num  # one simulator per slot
-    fleet = start_fleet(e, vla, size)
+    stages = cfg.rollout.pipeline_stage_num
+    fleet = start_fleet(e, vla, e.num_workers * e.sims_per_worker * stages, stages)  # one simulator per slot
     loop = EnvLoop(fleet, engine, vla, max_chunks(e, cfg.model.chunk_len))
     bar = progress(len(specs), 0, cfg.progress, f"eval {e.suite}")
     t0 = time.perf_counter()

@@ -149,7 +149,7 @@ class Trainer:
         if unreachable:
             raise ConfigError(unreachable)
         here = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        no_fp8 = fp8_problem(here) if cfg.env.rollout.precision == "fp8" else None
+        no_fp8 = fp8_problem(here) if cfg.rollout.precision == "fp8" else None
         if no_fp8:
             raise ConfigError(no_fp8)
         # policy, tokenizer, processor and action post-processing from one source, checked against the env
@@ -188,11 +188,11 @@ class Trainer:
         engine_dtype = torch.bfloat16 if cfg.deepspeed.bf16 else None  # the engine holds what the actor holds
         # the engine is built empty: the first sync below fills every weight (one checkpoint read, the actor's)
         self.engine = RolloutEngine(self.vla.unfilled_policy(), self.actor.device, seed=cfg.seed * 1000 + self.rank,
-                                    dtype=engine_dtype, precision=cfg.env.rollout.precision, filled=False)
+                                    dtype=engine_dtype, precision=cfg.rollout.precision, filled=False)
         self.memory = ColocatedMemory(self.actor, self.engine, cfg.deepspeed)
         self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
         self._start_ray()
-        self.fleet = start_fleet(cfg.env, self.vla, self.groups * cfg.algo.group_size)
+        self.fleet = start_fleet(cfg.env, self.vla, self.groups * cfg.algo.group_size, cfg.rollout.pipeline_stage_num)
         self.stop.install()  # after Ray's driver installed its own SIGTERM handler
         self.loop = EnvLoop(self.fleet, self.engine, self.vla, self.max_chunks)
         if cfg.resume:
@@ -340,10 +340,10 @@ class Trainer:
         """Actor -> engine in buckets; every rank's engine must hold the actor's exact weights (checksum logged).
 
         With the colocated-memory options the GPU is the rollout's again first (`ColocatedMemory.for_rollout`)."""
-        ds = self.cfg.deepspeed
+        sync = self.cfg.sync
         self.memory.for_rollout()
-        verify = version % ds.sync_verify_every == 0 or version == self._first_sync
-        report = sync_weights(self.actor.policy, self.engine, version, ds.sync_bucket_mb, verify)
+        verify = version % sync.verify_every == 0 or version == self._first_sync
+        report = sync_weights(self.actor.policy, self.engine, version, sync.bucket_mb, verify)
         self.version = report.version
         if not verify:
             return report
@@ -379,7 +379,7 @@ class Trainer:
         has written its part, then named by `latest` (`checkpoint.write_checkpoint`). `state`: one taken earlier, with
         the weights of the same step (default: the state now)."""
         checkpoint.write_checkpoint(self.run_dir, self.step, self.actor, self.vla, state or self.resume_state(),
-                                    self.run_groups(), self.cfg.deepspeed.sync_bucket_mb, self.cfg.model.lora,
+                                    self.run_groups(), self.cfg.sync.bucket_mb, self.cfg.model.lora,
                                     on_device=self.memory.optimizer_on_device)
 
     def load_latest(self) -> None:

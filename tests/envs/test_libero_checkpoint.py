@@ -43,7 +43,7 @@ def test_evaluate_and_train_an_official_folder(tmp_path: Path) -> None:
     run("train.py", "--config-name", "oft_libero_spatial", checkpoint, "deepspeed=zero3", "algo.batch_size=1",
         "algo.group_size=2", "algo.mini_batches=1", "algo.micro_batches=1", "algo.max_resample_rounds=0",
         "algo.filter_low=0", "algo.filter_high=1", "env.num_tasks=1", "env.num_eval_init_states=1",
-        "env.rollout.pipeline_stage_num=1", *SHORT, "steps=2", "eval_every=2", "save_every=2",
+        "rollout.pipeline_stage_num=1", *SHORT, "steps=2", "eval_every=2", "save_every=2",
         f"run_dir={tmp_path / 'train'}")
     scalars = read_scalars(str(tmp_path / "train" / "tb"))
     assert [s for s, _ in scalars["train/policy_loss"]] == [1, 2]

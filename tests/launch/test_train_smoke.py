@@ -40,7 +40,7 @@ def test_simplevla_rl_loss_options_train(tmp_path):
 def test_colocated_memory_options_train_the_same(tmp_path, saved_run):
     """Optimizer state offloaded around rollouts and the engine released during updates: identical training."""
     train_ok("steps=3", "eval_every=10", "save_every=1", f"run_dir={tmp_path}", "deepspeed=zero3_colocated",
-          "deepspeed.sync_verify_every=2")
+          "sync.verify_every=2")
     a, b = read_scalars(str(saved_run / "tb")), read_scalars(str(tmp_path / "tb"))
     for tag in ["train/success_rate", "train/policy_loss", "train/grad_norm", "eval/success_rate"]:
         assert a[tag] == b[tag], tag

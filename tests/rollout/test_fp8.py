@@ -115,7 +115,7 @@ def test_fp8_is_refused_where_it_cannot_run():
     policy, _ = tiny_case("causal")
     if fp8_problem(torch.device("cpu")) is None:
         pytest.fail("a CPU must not count as able to run FP8 products")
-    with pytest.raises(ValueError, match="FP8 tensor cores.*env.rollout.precision=bf16"):
+    with pytest.raises(ValueError, match="FP8 tensor cores.*rollout.precision=bf16"):
         RolloutEngine(policy, "cpu", precision="fp8")
     with pytest.raises(ValueError, match="fast path"):
         RolloutEngine(policy, precision="fp8", emulate_fp8=True, fast=False)
@@ -133,12 +133,12 @@ def test_the_configuration_needs_recomputed_old_logprobs_for_fp8():
     from vla_scale.config import Config, validate
 
     cfg = Config()
-    fp8 = replace(cfg, env=replace(cfg.env, rollout=RolloutConfig(precision="fp8")))
+    fp8 = replace(cfg, rollout=RolloutConfig(precision="fp8"))
     with pytest.raises(ConfigError, match="algo.old_logprobs=recompute"):
         validate(replace(fp8, algo=replace(cfg.algo, old_logprobs="rollout")))
     validate(replace(fp8, algo=replace(cfg.algo, old_logprobs="recompute", tis_cap=2.0)))
-    with pytest.raises(ConfigError, match="env.rollout.precision"):
-        validate(replace(cfg, env=replace(cfg.env, rollout=RolloutConfig(precision="fp16"))))
+    with pytest.raises(ConfigError, match="rollout.precision"):
+        validate(replace(cfg, rollout=RolloutConfig(precision="fp16")))
 
 
 @pytest.mark.gpu

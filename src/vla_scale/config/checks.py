@@ -28,7 +28,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "env.eval_protocol": ("held_out", "published"),
     "model.image_resize": ("bicubic", "jpeg_lanczos3"),
     "deepspeed.zero_stage": (0, 1, 2, 3),
-    "env.rollout.precision": ("bf16", "fp8"),
+    "rollout.precision": ("bf16", "fp8"),
     "record.episodes": ("all", "successes"),
     "demo.label": ("executed", "intended"),
     "record.version": ("v3.0", "v2.1"),
@@ -48,7 +48,9 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
                                          "lora.rank")},
     "model.lora.alpha": POSITIVE,
     "model.action_log_std_init": (">= -10", -10, True),
-    "env.rollout.pipeline_stage_num": AT_LEAST_1,
+    "rollout.pipeline_stage_num": AT_LEAST_1,
+    "sync.bucket_mb": AT_LEAST_1,
+    "sync.verify_every": AT_LEAST_1,
     "env.disagg_sim.nnodes": AT_LEAST_1,
     **{f"env.{k}": AT_LEAST_1 for k in ("num_tasks", "num_eval_init_states", "num_workers", "sims_per_worker",
                                        "max_failures")},
@@ -63,8 +65,7 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
                                         "grad_clip", "tis_cap")},
     "parallel.ray_num_cpus": AT_LEAST_0,
     "deepspeed.param_persistence_threshold": AT_LEAST_0,
-    **{f"deepspeed.{k}": AT_LEAST_1 for k in ("prefetch_bucket_size", "max_live_parameters", "sync_bucket_mb",
-                                             "sync_verify_every", "sub_group_size")},
+    **{f"deepspeed.{k}": AT_LEAST_1 for k in ("prefetch_bucket_size", "max_live_parameters", "sub_group_size")},
     **{f"sft.{k}": AT_LEAST_1 for k in ("steps", "batch_size", "micro_batches", "log_every")},
     **{f"sft.{k}": AT_LEAST_0 for k in ("weight_decay", "grad_clip", "save_every")},
     "sft.lr": POSITIVE,
@@ -85,7 +86,7 @@ log-std above 2 spreads the Gaussian far beyond the normalised action range [-1,
 
 
 def value_at(cfg: Any, key: str) -> Any:
-    """`cfg`'s value under a dotted key (`env.rollout.pipeline_stage_num`)."""
+    """`cfg`'s value under a dotted key (`rollout.pipeline_stage_num`)."""
     for part in key.split("."):
         cfg = getattr(cfg, part)
     return cfg
@@ -146,21 +147,21 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
         problems.append(f"algo.old_logprobs={a.old_logprobs!r}: choose one of {OLD_LOGPROBS}")
     if a.tis_cap > 0 and a.old_logprobs != "recompute":
         problems.append(f"algo.tis_cap={a.tis_cap} needs algo.old_logprobs=recompute (0 turns it off)")
-    if e.rollout.precision == "fp8" and a.old_logprobs != "recompute":
-        problems.append("env.rollout.precision=fp8 samples from the FP8 engine, whose log-probs are not the actor's: "
+    if cfg.rollout.precision == "fp8" and a.old_logprobs != "recompute":
+        problems.append("rollout.precision=fp8 samples from the FP8 engine, whose log-probs are not the actor's: "
                         "set algo.old_logprobs=recompute (and algo.tis_cap, e.g. 2.0, to weigh each token by the gap)")
     if a.loss_agg not in LOSS_AGGREGATIONS:
         problems.append(f"algo.loss_agg={a.loss_agg!r} is not a loss aggregation; choose one of {LOSS_AGGREGATIONS}")
     if not 0.0 <= a.filter_low <= a.filter_high <= 1.0:
         problems.append(f"need 0 <= algo.filter_low ({a.filter_low}) <= algo.filter_high ({a.filter_high}) <= 1")
     episodes = a.batch_size * a.group_size
-    stages = e.rollout.pipeline_stage_num
+    stages = cfg.rollout.pipeline_stage_num
     slots = world_size * e.num_workers * e.sims_per_worker * stages
-    if sound("env.num_workers", "env.sims_per_worker", "env.rollout.pipeline_stage_num") and episodes % slots:
+    if sound("env.num_workers", "env.sims_per_worker", "rollout.pipeline_stage_num") and episodes % slots:
         good = [d for d in _divisors(episodes) if d % world_size == 0]
         problems.append(
             f"episodes per step algo.batch_size*algo.group_size = {a.batch_size}*{a.group_size} = {episodes} must "
-            f"divide over ranks*env.num_workers*env.sims_per_worker*env.rollout.pipeline_stage_num = {world_size}*"
+            f"divide over ranks*env.num_workers*env.sims_per_worker*rollout.pipeline_stage_num = {world_size}*"
             f"{e.num_workers}*{e.sims_per_worker}*{stages} = {slots}; make that product one of {good}, "
             "or change the batch"
         )

@@ -6,10 +6,14 @@ from __future__ import annotations
 MOVED_KEYS = {"env.max_delta": "env.reach.max_delta", "env.reach_physics_substeps": "env.reach.physics_substeps",
               "env.settle_steps": "env.libero.settle_steps", "env.libero_assets": "env.libero.assets",
               "env.libero_texture_max_side": "env.libero.texture_max_side", "env.libero_scenes": "env.libero.scenes",
-              "checkpoint": "model.checkpoint"}
+              "checkpoint": "model.checkpoint",
+              "env.rollout.pipeline_stage_num": "rollout.pipeline_stage_num",
+              "env.rollout.precision": "rollout.precision",
+              "deepspeed.sync_bucket_mb": "sync.bucket_mb", "deepspeed.sync_verify_every": "sync.verify_every"}
 """{key the schema lacks: the key that holds its setting}: a simulator's settings live in its own group
-(`env.reach.*`, `env.libero.*`), and every policy, a training run's step folders included, is loaded through
-model.checkpoint."""
+(`env.reach.*`, `env.libero.*`); every policy, a training run's step folders included, is loaded through
+model.checkpoint; the rollout engine's settings are `rollout.*` and the weight sync's `sync.*`, as the packages
+they configure."""
 
 
 def moved_key_error(overrides: list[str]) -> str | None:

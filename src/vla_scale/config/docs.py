@@ -32,8 +32,9 @@ def config_markdown() -> str:
     """docs/CONFIG.md: every field with its type, default and meaning."""
     simulators = {sim.settings.__name__: f"env.{name}" for name, sim in SIMULATORS.items()}
     sections = {"Config": "top level", "ModelConfig": "model", "LoraConfig": "model.lora", "EnvConfig": "env",
-                "RolloutConfig": "env.rollout", "DisaggSimConfig": "env.disagg_sim", **simulators,
-                "AlgoConfig": "algo", "ParallelConfig": "parallel", "DeepSpeedConfig": "deepspeed", "SftConfig": "sft",
+                "DisaggSimConfig": "env.disagg_sim", **simulators,
+                "AlgoConfig": "algo", "ParallelConfig": "parallel", "DeepSpeedConfig": "deepspeed",
+                "RolloutConfig": "rollout", "SyncConfig": "sync", "SftConfig": "sft",
                 "RecordConfig": "record", "DemoConfig": "demo"}
     lines = ["# Configuration", "", "Generated from `src/vla_scale/config/schema.py` and each simulator's settings "
              "class by `python -m vla_scale.config.docs`; override any field on the command line (`algo.lr=3e-4`) "

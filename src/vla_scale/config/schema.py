@@ -130,6 +130,16 @@ class RolloutConfig:
 
 
 @dataclass
+class SyncConfig:
+    bucket_mb: int = 64
+    """Weight sync (actor -> rollout engine, and checkpoints' weight files) gathers parameters in buckets of at most
+    this many MB."""
+    verify_every: int = 1
+    """Verify every k-th weight sync (bit comparison on every rank, checksum logged as `sync/checksum`); the first
+    sync after start or resume is always verified. 1 verifies all; larger values trade proof for sync time."""
+
+
+@dataclass
 class DisaggSimConfig:
     enable: bool = False
     """Place sim workers only on Ray nodes offering the `sim` resource (simulation nodes)."""
@@ -186,8 +196,6 @@ class EnvConfig:
     """Colocated mode only: run the sim workers inside the trainer process, so a pipeline-stage hand-over is a pipe
     write and read to the simulator processes with no Ray call (false: Ray actors; disaggregated mode always uses
     Ray actors on the simulation nodes)."""
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    """How the env loop overlaps simulation and decoding."""
     disagg_sim: DisaggSimConfig = field(default_factory=DisaggSimConfig)
     """Simulators on separate nodes (disaggregated mode)."""
 
@@ -307,11 +315,6 @@ class DeepSpeedConfig:
     trim_prompt_padding: bool = True
     """The update's and the recompute's forwards run on each micro-batch's longest prompt instead of the fixed prompt
     budget (the cut columns are masked keys; false keeps the budget's padding, as the anchors run it)."""
-    sync_bucket_mb: int = 64
-    """Weight sync gathers parameters in buckets of at most this many MB."""
-    sync_verify_every: int = 1
-    """Verify every k-th weight sync (bit comparison on every rank, checksum logged as `sync/checksum`); the first
-    sync after start or resume is always verified. 1 verifies all; larger values trade proof for sync time."""
 
 
 @dataclass
@@ -380,6 +383,10 @@ class Config:
     """Ray and process placement."""
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     """The DeepSpeed actor."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """The rollout engine and how the env loop overlaps simulation and decoding."""
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    """The weight sync from the actor to the rollout engine."""
     sft: SftConfig = field(default_factory=SftConfig)
     """Supervised fine-tuning on demonstrations (launch/sft.py)."""
     record: RecordConfig = field(default_factory=RecordConfig)

@@ -16,7 +16,7 @@ or from trainer rank 0 over an update group, received by a `WeightReceiver` that
 engine shares a GPU with the actor, `release_memory_occupation` frees its weights during the update and
 `resume_memory_occupation` takes the memory back for the sync that follows.
 
-`precision="fp8"` (`env.rollout.precision`): the fast path multiplies in FP8 (`rollout/fp8.py`). The engine still
+`precision="fp8"` (`rollout.precision`): the fast path multiplies in FP8 (`rollout/fp8.py`). The engine still
 receives and holds the actor's weights exactly (the sync compares and fingerprints them); before the first forward
 after a sync it quantises them into FP8 copies, so its log-probs are those of a slightly different policy, which the
 trainer treats as the behaviour policy.
@@ -68,7 +68,7 @@ class RolloutEngine:
         self.device = torch.device(device)
         on_gpu = self.device.type == "cuda"
         if precision not in PRECISIONS:
-            raise ValueError(f"env.rollout.precision={precision!r}: choose one of {PRECISIONS}")
+            raise ValueError(f"rollout.precision={precision!r}: choose one of {PRECISIONS}")
         problem = fp8_problem(self.device) if precision == "fp8" and not emulate_fp8 else None
         if problem is not None:
             raise ValueError(problem)
@@ -83,8 +83,8 @@ class RolloutEngine:
         wants_fast = on_gpu or precision == "fp8"  # FP8 products exist on the fast path only
         use_fast = (wants_fast and FastForward.supports(self.policy)) if fast is None else fast
         if precision == "fp8" and not (use_fast and FastForward.supports(self.policy)):
-            raise ValueError("env.rollout.precision=fp8 runs on the engine's fast path (a Llama policy with a silu "
-                             "MLP, fast=True); use env.rollout.precision=bf16")
+            raise ValueError("rollout.precision=fp8 runs on the engine's fast path (a Llama policy with a silu "
+                             "MLP, fast=True); use rollout.precision=bf16")
         self.fp8 = Fp8Weights(emulate_fp8) if precision == "fp8" else None
         self._fp8_stale = True  # the FP8 copies no longer match the weights: quantise before the next forward
         self.fast = (FastForward(self.policy, on_gpu if compile is None else compile, fp8=self.fp8) if use_fast

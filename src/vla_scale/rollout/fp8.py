@@ -1,6 +1,6 @@
 """FP8 (e4m3) matrix products for the rollout engine: weights quantised per output channel, activations per row.
 
-With `env.rollout.precision=fp8` the engine keeps the bf16 weights the sync delivered (the checksum is taken on them)
+With `rollout.precision=fp8` the engine keeps the bf16 weights the sync delivered (the checksum is taken on them)
 and, before the first decode after a sync, quantises every weight matrix of the ViT blocks and the Llama decoder layers
 into an `Fp8Matrix`: e4m3 values and one float32 scale per output channel (row), the row's largest magnitude / 448.
 The fast forward quantises each product's input per row the same way, inside the compiled function that produces it
@@ -73,24 +73,24 @@ def fp8_linear(x: Tensor, w: Fp8Matrix, bias: Tensor | None, emulate: bool) -> T
 
 def fp8_problem(device: torch.device) -> str | None:
     """Why `device` cannot run the FP8 products (None when it can)."""
-    fix = "use env.rollout.precision=bf16"
+    fix = "use rollout.precision=bf16"
     if device.type != "cuda":
-        return (f"env.rollout.precision=fp8 multiplies on FP8 tensor cores, which the rollout device {device} does not "
+        return (f"rollout.precision=fp8 multiplies on FP8 tensor cores, which the rollout device {device} does not "
                 f"have (it needs a CUDA GPU of compute capability 8.9 or newer: L4/L40S, H100, H200, B200); {fix}")
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < FP8_CAPABILITY:
-        return (f"env.rollout.precision=fp8 needs FP8 tensor cores (compute capability 8.9 or newer); "
+        return (f"rollout.precision=fp8 needs FP8 tensor cores (compute capability 8.9 or newer); "
                 f"{torch.cuda.get_device_name(device)} has {major}.{minor}; {fix}")
     if not hasattr(torch, "_scaled_mm"):
-        return f"env.rollout.precision=fp8 needs torch._scaled_mm, which torch {torch.__version__} lacks; {fix}"
+        return f"rollout.precision=fp8 needs torch._scaled_mm, which torch {torch.__version__} lacks; {fix}"
     return None
 
 
 def check_shape(name: str, weight: Tensor, emulate: bool) -> None:
     """FP8 tensor cores multiply matrices whose both sides are multiples of 16; refuse others by name."""
     if not emulate and (weight.shape[0] % 16 or weight.shape[1] % 16):
-        raise ValueError(f"env.rollout.precision=fp8 cannot multiply {name} {tuple(weight.shape)} on FP8 tensor cores "
-                         "(both sides must be multiples of 16); use env.rollout.precision=bf16 for this policy")
+        raise ValueError(f"rollout.precision=fp8 cannot multiply {name} {tuple(weight.shape)} on FP8 tensor cores "
+                         "(both sides must be multiples of 16); use rollout.precision=bf16 for this policy")
 
 
 class Fp8Vit(NamedTuple):

@@ -37,9 +37,10 @@ def start_ray_for(env: EnvConfig, parallel: ParallelConfig) -> bool:
     return True
 
 
-def start_fleet(env: EnvConfig, vla: PretrainedVLA, size: int) -> SimFleet:
-    """`size` simulators of `env`, built with what `vla` needs from them (`PretrainedVLA.simulator_kwargs`), placed
-    as `env` says; in disaggregated mode the simulation nodes must be there first."""
+def start_fleet(env: EnvConfig, vla: PretrainedVLA, size: int, stages: int = 1) -> SimFleet:
+    """`size` simulators of `env` in `stages` pipeline stages (`rollout.pipeline_stage_num`), built with what `vla`
+    needs from them (`PretrainedVLA.simulator_kwargs`), placed as `env` says; in disaggregated mode the simulation
+    nodes must be there first."""
     disagg = env.disagg_sim
     found = sim_node_count() if disagg.enable else 0
     if disagg.enable and found < disagg.nnodes:
@@ -49,7 +50,7 @@ def start_fleet(env: EnvConfig, vla: PretrainedVLA, size: int) -> SimFleet:
             "--resources='{\"sim\": 1}'` or lower env.disagg_sim.nnodes"
         )
     return SimFleet(env.name, vla.simulator_kwargs(env), size, env.num_workers, env.sims_per_worker,
-                    env.step_timeout_s, stages=env.rollout.pipeline_stage_num, max_failures=env.max_failures,
+                    env.step_timeout_s, stages=stages, max_failures=env.max_failures,
                     sim_resource=disagg.enable, in_process=env.sim_workers_in_trainer)
 
 

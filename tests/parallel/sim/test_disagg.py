@@ -21,7 +21,7 @@ def cluster(monkeypatch):
 def test_sim_workers_land_on_the_sim_node_and_a_run_completes(cluster, tiny_config, tmp_path):
     cfg = tiny_config("env.disagg_sim.enable=true", "env.disagg_sim.nnodes=1",
                       f"parallel.ray_address={cluster.address}", "steps=3", "eval_every=100",
-                      "env.rollout.pipeline_stage_num=2")
+                      "rollout.pipeline_stage_num=2")
     with pytest.raises(RuntimeError, match="expects 1 simulation node"):
         Trainer(cfg, str(tmp_path / "refused")).setup()
     sim_node = cluster.add_node(num_cpus=1, resources={"sim": 1})

@@ -91,7 +91,7 @@ def _gathered(plan: list[list[tuple[str, nn.Parameter]]]) -> Iterator[list[tuple
 def _bucket_plan(module: nn.Module, bucket_mb: float, only: Callable[[str], bool] | None = None
                  ) -> list[list[tuple[str, nn.Parameter]]]:
     if not bucket_mb > 0:
-        raise ValueError(f"bucket_mb={bucket_mb} must be > 0 (deepspeed.sync_bucket_mb)")
+        raise ValueError(f"bucket_mb={bucket_mb} must be > 0 (sync.bucket_mb)")
     limit = bucket_mb * 2**20
     plan: list[list[tuple[str, nn.Parameter]]] = [[]]
     size = 0
