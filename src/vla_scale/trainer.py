@@ -7,16 +7,24 @@ One RL step (see docs/ARCHITECTURE.md):
   4. group-normalised advantages; clipped token loss; `mini_batches` optimizer steps through DeepSpeed;
   5. gather the actor's weights into the rollout engine in buckets; the checksums must agree.
 Evaluation (greedy, held-out init states) runs at step 0, every `eval_every` steps and at the end.
+
+With `algo.max_staleness=1` the rollout of step k+1 is played during update k (`rollout/ahead.py`), with the weights
+update k started from; the sync after update k waits for it. A step followed by a checkpoint (and the last step)
+collects nothing ahead, so a checkpoint never has a rollout in flight and a resume continues exactly; after a SIGTERM
+the rollout collected ahead is dropped (the resumed run plays the next step anew, with the saved weights); when the
+rollout ahead loses a simulation node, the update it overlapped is kept and saved.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -36,6 +44,7 @@ from vla_scale.parallel.actor import Actor, UpdateResult
 from vla_scale.parallel.sim.cluster import ray_address_problem, start_ray
 from vla_scale.parallel.sim.fleet import SimFleet, SimNodeLost
 from vla_scale.parallel.sync.weight_sync import SyncReport, sync_weights
+from vla_scale.rollout.ahead import RolloutAhead
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop, LoopStats, success_metrics
 from vla_scale.rollout.fp8 import fp8_problem
@@ -98,6 +107,11 @@ class Schedule:
         rollout, not an evaluation."""
         following = step + 1
         return following < self.steps and not self.evaluates_before(following)
+
+    def collects_ahead_during(self, step: int) -> bool:
+        """With `algo.max_staleness=1`: while step `step + 1` updates, step `step + 2`'s rollout is played. Not when
+        step `step + 1` is the last or is followed by a checkpoint (which then holds no rollout in flight)."""
+        return step + 2 <= self.steps and not self.saves_after(step + 1)
 
 
 class ColocatedMemory:
@@ -171,6 +185,9 @@ class Trainer:
         self.groups = cfg.algo.batch_size // self.world  # groups this rank rolls out per step
         self.next_specs: list[TaskSpec] | None = None
         self.fleet: SimFleet | None = None
+        self.ahead: RolloutAhead[StepBatch] | None = None
+        self.pending: StepBatch | None = None  # the next step's rollout, collected during the last update
+        self.lost_ahead: SimNodeLost | None = None
         self.stop = StopSignals()
         self.ready = False
 
@@ -195,6 +212,8 @@ class Trainer:
         self.fleet = start_fleet(cfg.env, self.vla, self.groups * cfg.algo.group_size, cfg.rollout.pipeline_stage_num)
         self.stop.install()  # after Ray's driver installed its own SIGTERM handler
         self.loop = EnvLoop(self.fleet, self.engine, self.vla, self.max_chunks)
+        if cfg.algo.max_staleness:
+            self.ahead = RolloutAhead(self.actor.device)
         if cfg.resume:
             self.load_latest()
         self._first_sync = self.version
@@ -234,6 +253,9 @@ class Trainer:
                 bar.close()
                 self._stop_lost_node(err, before)
             self.log.scalars(metrics, self.step)
+            if self.lost_ahead is not None:  # this step's update is done and synced: it is what gets saved
+                bar.close()
+                self._stop_lost_node(self.lost_ahead, self.resume_state())
             last.update(metrics)
             bar.update(1)
             bar.set_postfix(success=f"{metrics['train/success_rate']:.2f}",
@@ -264,7 +286,9 @@ class Trainer:
                             f"run_dir={self.run_dir} resume=true")
 
     def _stop_preempted(self, saved: bool) -> None:
-        """After a SIGTERM: this step's checkpoint (unless just written), then `Preempted` saying how to resume."""
+        """After a SIGTERM: this step's checkpoint (unless just written), then `Preempted` saying how to resume. A
+        rollout collected ahead is dropped: the resumed run plays the next step with the saved weights."""
+        self.pending = None
         if not saved:
             self.save()
         self.log.close()
@@ -273,23 +297,34 @@ class Trainer:
                         f"the same command plus run_dir={self.run_dir} resume=true")
 
     def train_step(self) -> dict[str, float]:
-        """One RL step: rollout (with refills), the update (old log-probs recomputed first where configured), the
-        weight sync; the next step's resets go out before the update so the simulators reset while the actor trains.
+        """One RL step: rollout (with refills; or the one collected during the last update), the update (old log-probs
+        recomputed first where configured), the weight sync. During the update the next step's resets go out, or
+        with `algo.max_staleness=1` its whole rollout is played (`rollout_wait`: what the sync then waits for it).
         Returns the step's metrics, its phases timed under `time/`."""
         timer = PhaseTimer(self.actor.device)
         with timer("rollout"):
-            batch = self.collect()
-        if self.schedule.prefetches_after(self.step):
+            batch = self.pending if self.pending is not None else self.collect()
+        self.pending = None
+        staleness = [self.version - v for group in batch.groups for traj in group for v in traj.versions]
+        ahead = self.ahead is not None and self.schedule.collects_ahead_during(self.step)
+        if ahead:
+            assert self.ahead is not None
+            self.ahead.start(lambda done=self.step + 1: self.collect_local(done))
+        elif self.schedule.prefetches_after(self.step):
             self.next_specs = self.sampler.draw(self.groups)
             self.loop.prefetch(repeat_for_groups(self.next_specs, self.cfg.algo.group_size))
         with timer("make_room"):
             self.memory.for_update()
         with timer("update"):
             result = self.update(batch)
+        ahead_s = self._wait_ahead(timer) if ahead else 0.0
         with timer("sync"):
             report = self.sync(self.version + 1)
         self.step += 1
         metrics = {
+            "train/staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
+            "train/staleness_max": float(max(staleness, default=0)),
+            "time/rollout_ahead_s": ahead_s,
             "train/success_rate": batch.success_rate,
             "train/groups_kept": len(batch.groups),
             "train/rollout_rounds": batch.rounds,
@@ -304,9 +339,29 @@ class Trainer:
         self.loop.stats = LoopStats()
         return metrics
 
+    def _wait_ahead(self, timer: PhaseTimer) -> float:
+        """The rollout collected during the update, kept for the next step; its seconds. A simulation node lost in
+        it is kept in `lost_ahead` (the step finishes and is saved before the run stops)."""
+        assert self.ahead is not None
+        with timer("rollout_wait"):
+            try:
+                local, seconds = self.ahead.wait()
+            except SimNodeLost as err:
+                self.lost_ahead = err
+                return 0.0
+        self.pending = dataclasses.replace(local, success_rate=self.mean_over_ranks(local.success_rate))
+        return seconds
+
     # ---- rollout ----------------------------------------------------------------------------------------------------
     def collect(self) -> StepBatch:
-        """Roll out groups until this rank's share carries signal, or the extra rounds run out (dynamic sampling)."""
+        """This rank's rollout (`collect_local`), its success rate averaged over the ranks."""
+        local = self.collect_local(self.step)
+        return dataclasses.replace(local, success_rate=self.mean_over_ranks(local.success_rate))
+
+    def collect_local(self, done: int) -> StepBatch:
+        """The rollout of step `done + 1`: groups until this rank's share carries signal, or the extra rounds run out
+        (dynamic sampling). No collective: the success rate of the first round is this rank's (the rollout thread
+        calls it too)."""
         a, n = self.cfg.algo, self.groups
         kept: list[list[Trajectory]] = []
         rates: list[float] = []
@@ -314,13 +369,13 @@ class Trainer:
         while len(kept) < n and rounds <= a.max_resample_rounds:
             specs = self.next_specs if rounds == 0 and self.next_specs else self.sampler.draw(n)
             self.next_specs = None
-            uids = group_uids(f"{self.rank}.{self.step}.{rounds}", n, a.group_size)
+            uids = group_uids(f"{self.rank}.{done}.{rounds}", n, a.group_size)
             trajs = self.loop.run(repeat_for_groups(specs, a.group_size), uids, a.temperature)
             groups, rate = kept_groups(trajs, uids, a)
             kept += groups
             rates.append(rate)
             rounds += 1
-        return StepBatch(kept[:n], self.mean_over_ranks(rates[0]), rounds, rounds * n * a.group_size)
+        return StepBatch(kept[:n], rates[0], rounds, rounds * n * a.group_size)
 
     def mean_over_ranks(self, value: float) -> float:
         """`value`'s mean over the ranks (every rank must call it equally often: it is a collective)."""
@@ -399,6 +454,8 @@ class Trainer:
             self.loop.prefetch(repeat_for_groups(self.next_specs, self.cfg.algo.group_size))
 
     def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
         self.stop.uninstall()
         if self.fleet is not None:
             self.fleet.close()

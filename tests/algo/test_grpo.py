@@ -317,4 +317,7 @@ def test_logprob_mismatch_by_hand():
     assert abs(stats["abs_log_ratio"] - math.log(2.0) / 2) < 1e-6
     assert abs(stats["approx_kl"] - (2.0 - 1.0 - math.log(2.0)) / 2) < 1e-6  # k3 of ratio 1 is 0, of 2 is 1 - ln 2
     assert stats["outside_clip"] == 0.5  # ratio 2 > 1.28
+    assert abs(stats["weight_std"] - 0.5) < 1e-6 and abs(stats["weight_max"] - 2.0) < 1e-6  # ratios 1 and 2
+    assert stats["truncated"] == 0.0  # no cap
+    assert logprob_mismatch(actor, rollout, mask, tis_cap=1.5)["truncated"] == 0.5  # 2 > 1.5, 1 is not
     assert logprob_mismatch(actor, rollout, torch.zeros(1, 3, dtype=torch.bool))["abs_log_ratio"] == 0.0

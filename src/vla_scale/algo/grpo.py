@@ -174,17 +174,22 @@ def truncated_is_weights(actor_logprobs: Tensor, rollout_logprobs: Tensor, cap: 
 
 @torch.no_grad()
 def logprob_mismatch(actor_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, clip_low: float = 0.2,
-                     clip_high: float = 0.28) -> dict[str, float]:
+                     clip_high: float = 0.28, tis_cap: float = 0.0) -> dict[str, float]:
     """How far the rollout engine's log-probs are from the actor's on the same tokens (valid ones): mean |delta|,
-    the k3 estimate of KL(rollout || actor) (ratio - 1 - log ratio with ratio = pi_actor / pi_rollout), and the
-    share of ratios outside [1 - clip_low, 1 + clip_high], i.e. where clipping would act on mismatch alone."""
+    the k3 estimate of KL(rollout || actor) (ratio - 1 - log ratio with ratio = pi_actor / pi_rollout), the share of
+    ratios outside [1 - clip_low, 1 + clip_high], i.e. where clipping would act on mismatch alone, and the spread of
+    the ratios, which are the behaviour weights before truncation: their standard deviation, their largest value and
+    the share above `tis_cap` (0 when there is no cap)."""
     valid = mask.bool()
     if not bool(valid.any()):
-        return {"abs_log_ratio": 0.0, "approx_kl": 0.0, "outside_clip": 0.0}
+        return {"abs_log_ratio": 0.0, "approx_kl": 0.0, "outside_clip": 0.0, "weight_std": 0.0, "weight_max": 0.0,
+                "truncated": 0.0}
     log_ratio = (actor_logprobs.float() - rollout_logprobs.float())[valid]
     ratio = log_ratio.exp()
     return {"abs_log_ratio": float(log_ratio.abs().mean()), "approx_kl": float((ratio - 1 - log_ratio).mean()),
-            "outside_clip": float(((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float().mean())}
+            "outside_clip": float(((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float().mean()),
+            "weight_std": float(ratio.std(correction=0)), "weight_max": float(ratio.max()),
+            "truncated": float((ratio > tis_cap).float().mean()) if tis_cap > 0 else 0.0}
 
 
 def _check_loss_shapes(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> None:

@@ -62,7 +62,7 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     "algo.group_size": AT_LEAST_2,
     **{f"algo.{k}": POSITIVE for k in ("temperature", "clip_low", "clip_high", "lr")},
     **{f"algo.{k}": AT_LEAST_0 for k in ("filter_low", "filter_high", "max_resample_rounds", "weight_decay",
-                                        "grad_clip", "tis_cap")},
+                                        "grad_clip", "tis_cap", "max_staleness")},
     "parallel.ray_num_cpus": AT_LEAST_0,
     "deepspeed.param_persistence_threshold": AT_LEAST_0,
     **{f"deepspeed.{k}": AT_LEAST_1 for k in ("prefetch_bucket_size", "max_live_parameters", "sub_group_size")},
@@ -150,6 +150,16 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     if cfg.rollout.precision == "fp8" and a.old_logprobs != "recompute":
         problems.append("rollout.precision=fp8 samples from the FP8 engine, whose log-probs are not the actor's: "
                         "set algo.old_logprobs=recompute (and algo.tis_cap, e.g. 2.0, to weigh each token by the gap)")
+    if a.max_staleness > 1:
+        problems.append(f"algo.max_staleness={a.max_staleness}: 0 or 1 (one rollout collected during the update)")
+    if a.max_staleness and not (a.old_logprobs == "recompute" and a.tis_cap > 0):
+        problems.append(f"algo.max_staleness={a.max_staleness} trains on samples of the weights before the last "
+                        "update: correct for them with algo.old_logprobs=recompute algo.tis_cap=2.0 (any cap > 0)")
+    for key in ("release_engine_during_update", "offload_states_during_rollout"):
+        if a.max_staleness and getattr(cfg.deepspeed, key):
+            problems.append(f"algo.max_staleness={a.max_staleness} decodes while the actor trains, so the engine's "
+                            f"weights and the actor's states stay on the GPU: set deepspeed.{key}=false "
+                            "(deepspeed.stream_optimizer_states=true keeps the optimizer states on the host instead)")
     if a.loss_agg not in LOSS_AGGREGATIONS:
         problems.append(f"algo.loss_agg={a.loss_agg!r} is not a loss aggregation; choose one of {LOSS_AGGREGATIONS}")
     if not 0.0 <= a.filter_low <= a.filter_high <= 1.0:

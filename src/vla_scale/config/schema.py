@@ -264,6 +264,12 @@ class AlgoConfig:
     optimizer step has run yet, so they are what a recompute would give), and only later mini-batches' samples are
     recomputed first; false recomputes every sample in a pass of its own (SimpleVLA-RL's way). With one mini-batch
     the recompute pass is gone."""
+    max_staleness: int = 0
+    """Rollouts ahead of the update: 0 (one step is its rollout, then its update); 1: while update k runs, the engine,
+    still holding the weights update k started from, collects the rollout update k+1 trains on (the simulators and
+    the GPU busy at once). The samples are then one version behind the actor: it needs old_logprobs=recompute and
+    tis_cap > 0, so the ratio is clipped to the actor before the update and each token weighs min(actor / rollout
+    probability, tis_cap) (decoupled PPO). A step followed by a checkpoint collects nothing ahead."""
 
 
 @dataclass

@@ -20,11 +20,17 @@ engine shares a GPU with the actor, `release_memory_occupation` frees its weight
 receives and holds the actor's weights exactly (the sync compares and fingerprints them); before the first forward
 after a sync it quantises them into FP8 copies, so its log-probs are those of a slightly different policy, which the
 trainer treats as the behaviour policy.
+
+A decode and a sync never overlap: `decode` holds the engine's weight lock for the forward, and a sync holds it for
+all of its buckets (`receiving`), so a decode running in another thread (`algo.max_staleness=1`) sees the weights of
+one version, never half of the next.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,6 +101,7 @@ class RolloutEngine:
         self._awaiting_sync = not filled  # unfilled, or after resume_memory_occupation: until weights arrive
         self._shapes: list[torch.Size] = []
         self.weights = dict(self.policy.named_parameters())  # by name: looked up per bucket of every sync
+        self._weights_lock = threading.Lock()  # one decode or one whole sync at a time
 
     def _lay_out_weights(self, dtype: torch.dtype | None, copy: bool, shapes: list[torch.Size] | None = None) -> None:
         """Place the weights on the engine's device end to end, in parameter order, one buffer per dtype (each
@@ -149,7 +156,18 @@ class RolloutEngine:
 
     @torch.no_grad()
     def decode(self, batch: PolicyInputs, temperature: float, greedy: bool = False) -> Decoded:
-        """Sample (or take the mode of) every action dimension of the chunk in one forward pass."""
+        """Sample (or take the mode of) every action dimension of the chunk in one forward pass, with the weights of
+        one version (a sync waits for the decode to end, and the decode for a sync)."""
+        with self._weights_lock:
+            return self._decode(batch, temperature, greedy)
+
+    @contextmanager
+    def receiving(self) -> Iterator[None]:
+        """Hold decodes off while a whole sync (every bucket, then its check) writes the weights."""
+        with self._weights_lock:
+            yield
+
+    def _decode(self, batch: PolicyInputs, temperature: float, greedy: bool) -> Decoded:
         if self.released or self._awaiting_sync:
             raise RuntimeError("the rollout engine holds no weights: sync them from the actor before decoding "
                                "(after resume_memory_occupation every weight must be pushed again)")

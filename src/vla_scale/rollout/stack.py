@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 from vla_scale.batches import Trajectory
 from vla_scale.config import EnvConfig, ParallelConfig
@@ -14,6 +15,7 @@ from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
 from vla_scale.parallel.sim.cluster import sim_node_count, start_ray
 from vla_scale.parallel.sim.fleet import SimFleet
+from vla_scale.parallel.sim.render_device import render_environment
 from vla_scale.rollout.env_loop import EnvLoop
 
 if TYPE_CHECKING:
@@ -39,8 +41,8 @@ def start_ray_for(env: EnvConfig, parallel: ParallelConfig) -> bool:
 
 def start_fleet(env: EnvConfig, vla: PretrainedVLA, size: int, stages: int = 1) -> SimFleet:
     """`size` simulators of `env` in `stages` pipeline stages (`rollout.pipeline_stage_num`), built with what `vla`
-    needs from them (`PretrainedVLA.simulator_kwargs`), placed as `env` says; in disaggregated mode the simulation
-    nodes must be there first."""
+    needs from them (`PretrainedVLA.simulator_kwargs`), placed as `env` says, rendering on the EGL device of this
+    rank's GPU (`parallel/sim/render_device.py`); in disaggregated mode the simulation nodes must be there first."""
     disagg = env.disagg_sim
     found = sim_node_count() if disagg.enable else 0
     if disagg.enable and found < disagg.nnodes:
@@ -49,9 +51,12 @@ def start_fleet(env: EnvConfig, vla: PretrainedVLA, size: int, stages: int = 1) 
             f"the Ray cluster has {found}: start them with `ray start --address=<head>:6379 "
             "--resources='{\"sim\": 1}'` or lower env.disagg_sim.nnodes"
         )
+    # simulators of this node render on this rank's GPU; those of simulation nodes on their own
+    here = torch.cuda.current_device() if torch.cuda.is_available() and not disagg.enable else None
     return SimFleet(env.name, vla.simulator_kwargs(env), size, env.num_workers, env.sims_per_worker,
                     env.step_timeout_s, stages=stages, max_failures=env.max_failures,
-                    sim_resource=disagg.enable, in_process=env.sim_workers_in_trainer)
+                    sim_resource=disagg.enable, in_process=env.sim_workers_in_trainer,
+                    environment=render_environment(here))
 
 
 def max_chunks(env: EnvConfig, chunk_len: int) -> int:

@@ -104,7 +104,7 @@ def test_recomputed_old_logprobs_weights_and_mismatch_by_hand():
     old = a.logprobs(mb.inputs, mb.tokens)
     weights = mb.weights * truncated_is_weights(old, mb.rollout_logprobs, ALGO.tis_cap)
     loss, _ = clipped_policy_loss(old, old, mb.advantages, mb.mask, ALGO.clip_low, ALGO.clip_high, weights)
-    expected = logprob_mismatch(old, mb.rollout_logprobs, mb.mask, ALGO.clip_low, ALGO.clip_high)
+    expected = logprob_mismatch(old, mb.rollout_logprobs, mb.mask, ALGO.clip_low, ALGO.clip_high, ALGO.tis_cap)
     minis = [MiniBatch((mb,))]
     kept = frozen_copy(minis)
     result = a.grpo_update(minis)

@@ -63,11 +63,15 @@ def deepspeed_config(ds: DeepSpeedConfig, algo: Training) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Mismatch:
     """How far the rollout's log-probs are from the actor's before the update, over the valid tokens
-    (`algo.logprob_mismatch`): mean |log ratio|, the k3 KL estimate, the share of ratios outside the clip range."""
+    (`algo.logprob_mismatch`): mean |log ratio|, the k3 KL estimate, the share of ratios outside the clip range, and
+    the behaviour weights' (the ratios') spread: standard deviation, largest, share above `algo.tis_cap`."""
 
     abs_log_ratio: float = 0.0
     approx_kl: float = 0.0
     outside_clip: float = 0.0
+    weight_std: float = 0.0
+    weight_max: float = 0.0
+    truncated: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -212,7 +216,8 @@ class Actor:
             micro = [m for mb in minis for m in mb.micro_batches]
             mismatch = Mismatch(**logprob_mismatch(torch.cat([o for step in steps for o in step.old]),
                                                    torch.cat([m.rollout_logprobs for m in micro]),
-                                                   torch.cat([m.mask for m in micro]), a.clip_low, a.clip_high))
+                                                   torch.cat([m.mask for m in micro]), a.clip_low, a.clip_high,
+                                                   a.tis_cap))
         else:
             mismatch = steps[0].first_mismatch
         mean = {key: _mean_in_order([getattr(step, key) for step in steps])
@@ -246,7 +251,8 @@ class Actor:
             loss, info = clipped_policy_loss(logprobs, old_lp, mb.advantages.to(self.device), mask,
                                              self.algo.clip_low, self.algo.clip_high, weights)
             if index == 0:  # before this optimizer step: the rollout <-> actor gap when the old are the rollout's
-                stats.first_mismatch = Mismatch(info["abs_log_ratio"], info["approx_kl"], info["outside_clip"])
+                stats.first_mismatch = Mismatch(**logprob_mismatch(logprobs.detach(), old_lp, mask, self.algo.clip_low,
+                                                                   self.algo.clip_high))
             self.engine.backward(loss, scale_wrt_gas=False)
             self.engine.step()
             with torch.no_grad():

@@ -30,7 +30,7 @@ from __future__ import annotations
 import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,7 @@ class WorkerSpec:
     timeout_s: float  # deadline of every call to a simulator process
     max_failures: int  # restarts of one process before the run stops
     boot_timeout_s: float  # deadline of a process's start
+    environment: dict[str, str | None] = field(default_factory=dict)  # set (str) or removed (None) in each process
 
 
 class SimWorker:
@@ -91,7 +92,7 @@ class SimWorker:
     def __init__(self, index: int, spec: WorkerSpec):
         self.index, self.env_name, self.env_kwargs = index, spec.env_name, spec.env_kwargs
         self.slots, self.timeout_s, self.max_failures = spec.slots, spec.timeout_s, spec.max_failures
-        self.boot_timeout_s = spec.boot_timeout_s
+        self.boot_timeout_s, self.environment = spec.boot_timeout_s, spec.environment
         self.procs = [self._spawn() for _ in range(spec.sims)]
         size = spec.sims * spec.slots
         self.tasks: list[TaskSpec | None] = [None] * size
@@ -104,7 +105,8 @@ class SimWorker:
         self.closed = False
 
     def _spawn(self) -> SimProcess:
-        return SimProcess(self.env_name, self.slots, self.env_kwargs, boot_timeout_s=self.boot_timeout_s)
+        return SimProcess(self.env_name, self.slots, self.env_kwargs, boot_timeout_s=self.boot_timeout_s,
+                          environment=self.environment)
 
     def _part(self, k: int) -> slice:
         return slice(k * self.slots, (k + 1) * self.slots)
@@ -312,12 +314,14 @@ class SimFleet:
     `send_reset`/`send_step` take full-size arrays with a mask of the slots concerned; `recv()` answers the oldest
     request with one entry per slot (None outside its mask). The workers run inside this process (`LocalWorkers`,
     `in_process=True`) or as Ray actors (`RayWorkers`); with `sim_resource` (disaggregated mode) they are always Ray
-    actors on simulation nodes.
+    actors on simulation nodes. `environment`: variables each simulator process sets or removes (None), e.g. the
+    EGL device it renders on.
     """
 
     def __init__(self, env_name: str, env_kwargs: dict[str, Any], size: int, num_workers: int, sims_per_worker: int,
                  timeout_s: float, stages: int = 1, max_failures: int = 3, sim_resource: bool = False,
-                 boot_timeout_s: float = 120.0, in_process: bool = True):
+                 boot_timeout_s: float = 120.0, in_process: bool = True,
+                 environment: dict[str, str | None] | None = None):
         per_proc, rest = divmod(size, num_workers * sims_per_worker * stages)
         if rest or per_proc == 0:
             raise ValueError(f"{size} simulators do not divide over {num_workers} workers x {sims_per_worker} "
@@ -326,7 +330,8 @@ class SimFleet:
         self.env_kwargs = env_kwargs  # what every simulator is built with (`make_env`)
         self.slots = size // (num_workers * sims_per_worker)
         self.num_procs = num_workers * sims_per_worker
-        spec = WorkerSpec(env_name, env_kwargs, sims_per_worker, self.slots, timeout_s, max_failures, boot_timeout_s)
+        spec = WorkerSpec(env_name, env_kwargs, sims_per_worker, self.slots, timeout_s, max_failures, boot_timeout_s,
+                          dict(environment or {}))
         self.workers: LocalWorkers | RayWorkers = (
             LocalWorkers(num_workers, spec) if in_process and not sim_resource
             else RayWorkers(num_workers, spec, sim_resource))

@@ -40,6 +40,7 @@ import time
 import traceback
 import weakref
 from collections import deque
+from collections.abc import Mapping
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any, Self
@@ -116,8 +117,9 @@ def _child_entry(fd: int, tracker_fd: int) -> None:
 TCACHE_COUNT = "glibc.malloc.tcache_count=256"
 
 
-def _child_environment() -> dict[str, str]:
-    """The parent's environment, with glibc's per-thread cache of freed chunks raised to 256 per size.
+def _child_environment(changes: Mapping[str, str | None] | None = None) -> dict[str, str]:
+    """The parent's environment with `changes` (None removes a variable; e.g. the EGL device to render on,
+    `render_device.render_environment`), and glibc's per-thread cache of freed chunks raised to 256 per size.
 
     A request's answers (their records, small arrays and dicts) are freed together once packed. glibc's cache keeps
     only 7 chunks of a size by default, so the rest went to its bins, and the envs' next allocations took the slow
@@ -125,13 +127,19 @@ def _child_environment() -> dict[str, str]:
     the same process (docs/performance.md). A caller's own `GLIBC_TUNABLES` is kept, and so is its tcache_count;
     other C libraries ignore the variable."""
     env = dict(os.environ)
+    for key, value in (changes or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     tunables = env.get("GLIBC_TUNABLES", "")
     if "glibc.malloc.tcache_count" not in tunables:
         env["GLIBC_TUNABLES"] = f"{tunables}:{TCACHE_COUNT}" if tunables else TCACHE_COUNT
     return env
 
 
-def _start_child(env_name: str, env_kwargs: dict[str, Any], num_slots: int) -> tuple[subprocess.Popen, Connection]:
+def _start_child(env_name: str, env_kwargs: dict[str, Any], num_slots: int,
+                 environment: Mapping[str, str | None] | None = None) -> tuple[subprocess.Popen, Connection]:
     """A fresh interpreter serving over one end of a socket pair; returns it and the parent's end."""
     ours, theirs = socket.socketpair()
     resource_tracker.ensure_running()
@@ -141,7 +149,7 @@ def _start_child(env_name: str, env_kwargs: dict[str, Any], num_slots: int) -> t
             f"from vla_scale.parallel.sim.process import _child_entry; _child_entry({theirs.fileno()}, {tracker_fd})")
     try:
         child = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(), tracker_fd),
-                                 env=_child_environment())
+                                 env=_child_environment(environment))
     finally:
         theirs.close()  # the child holds its own copy: the parent sees EOF when the child dies
     conn = Connection(ours.detach())
@@ -163,14 +171,15 @@ class SimProcess:
     """A subprocess running `num_slots` instances of env `env_name`; requests are answered in order."""
 
     def __init__(self, env_name: str, num_slots: int = 1, env_kwargs: dict[str, Any] | None = None,
-                 boot_timeout_s: float = 120.0) -> None:
-        """`boot_timeout_s`: the deadline of the first answer, which includes starting the child and its envs."""
+                 boot_timeout_s: float = 120.0, environment: Mapping[str, str | None] | None = None) -> None:
+        """`boot_timeout_s`: the deadline of the first answer, which includes starting the child and its envs;
+        `environment`: variables the child's environment sets (a string) or removes (None)."""
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         self.env_name = env_name
         self.num_slots = num_slots
         self.env_kwargs = dict(env_kwargs or {})
-        self._process, self._conn = _start_child(env_name, self.env_kwargs, num_slots)
+        self._process, self._conn = _start_child(env_name, self.env_kwargs, num_slots, environment)
         self._pending: deque[str] = deque()
         self._booted = False
         self._images = ImageReader()

@@ -164,7 +164,12 @@ class WeightReceiver:
         return flat.numel()
 
     def receive_sync(self) -> SyncReport:
-        """One whole sync from the trainer's rank 0: headers, buckets, then the checksum comparison."""
+        """One whole sync from the trainer's rank 0: headers, buckets, then the checksum comparison (no decode of
+        the engine runs in between)."""
+        with self.engine.receiving():
+            return self._receive_sync()
+
+    def _receive_sync(self) -> SyncReport:
         start = time.perf_counter()
         total = buckets = 0
         while True:

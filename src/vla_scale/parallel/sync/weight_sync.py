@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,10 +29,12 @@ from vla_scale.tensors.spans import span
 
 
 class WeightTarget(Protocol):
-    """What a sync writes into (the rollout engine): its parameters by name, a bucket copy, a device barrier and the
-    fingerprint of what it holds (`checksum.weights_checksum`)."""
+    """What a sync writes into (the rollout engine): its parameters by name, a bucket copy, a device barrier, the
+    fingerprint of what it holds (`checksum.weights_checksum`) and a hold on its readers for one whole sync."""
 
     weights: dict[str, Tensor]
+
+    def receiving(self) -> AbstractContextManager[None]: ...
 
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None: ...
 
@@ -176,6 +179,12 @@ def sync_weights(module: nn.Module, engine: WeightTarget, version: int, bucket_m
     fingerprints its share of each bucket (`_share`; every rank's copy is the same exact bytes) while the next bucket
     is gathered; the shares are all-gathered into one checksum of the whole model, the same on every rank. Without
     it the report's checksum is empty."""
+    with engine.receiving():  # no decode sees a bucket before the whole sync has landed
+        return _sync_weights(module, engine, version, bucket_mb, verify)
+
+
+def _sync_weights(module: nn.Module, engine: WeightTarget, version: int, bucket_mb: float, verify: bool
+                  ) -> SyncReport:
     start = time.perf_counter()
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     mine = Fingerprints()
