@@ -40,6 +40,13 @@ Each phase's peak GPU memory is in the table (rollout, update, sync; the step's 
 at the model's shape) instead of the LM head's bins; the anchors' way is then left out (they cannot train that head),
 so the two heads are compared by two runs of the same command, `--only-ours`, one per head.
 
+`--max-staleness 1` runs our way with `algo.max_staleness=1` (`algo.tis_cap=2.0`; the engine's weights and the
+actor's states then stay on the GPU through the update): each step's update overlaps the next step's rollout. The
+anchors' way is unchanged. A row's rollout columns are the rollout played during that step ("rollout s": in the
+step's own rollout phase, "ahead s": during its update; "wait s": what the sync then waited for it; "ahead first":
+its decodes went before the update's kernels, `rollout/ahead_urgent`); "GPU busy" is the mean of NVML's utilisation
+(share of time some kernel ran) sampled through the step.
+
 `--precision fp8` runs our way's rollouts on the FP8 engine (`rollout.precision=fp8`; the table's mismatch
 columns are then its gap to the actor, `train/mismatch_*`) and, after its steps, one rollout each with the FP8 and
 the bf16 products on the same engine and fleet settings, side by side (`rl_step rollouts fp8: ...`; with
@@ -53,6 +60,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -106,6 +114,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--only-ours", action="store_true", help="our way only (no anchors' steps, no speedups)")
     p.add_argument("--update-sweep", type=int, nargs="*", default=None, metavar="SAMPLES",
                    help="after the warm-up steps, only our update alone at each of these micro-batch sizes")
+    p.add_argument("--max-staleness", type=int, default=0, choices=(0, 1),
+                   help="our way's algo.max_staleness (1: the next rollout during the update)")
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"), help="our way's rollout.precision")
     p.add_argument("--action-head", default="tokens", choices=("tokens", "l1"),
                    help="model.action_head: l1 trains the L1-regression head's Gaussian (our way only: the anchors "
@@ -119,6 +129,7 @@ def trainer_config(args: argparse.Namespace, substeps: int) -> Config:
     from hydra import compose, initialize_config_dir
 
     gpu = torch.cuda.is_available()
+    moves = gpu and not args.max_staleness  # what the engine and the actor's states leave the GPU for, in turn
     episodes = args.groups * args.group_size
     samples = episodes * -(-args.max_steps // 8)
     overrides = [
@@ -135,9 +146,11 @@ def trainer_config(args: argparse.Namespace, substeps: int) -> Config:
         f"rollout.precision={args.precision}",
         f"env.reach.physics_substeps={substeps}", "env.step_timeout_s=600", "progress=false", "save_every=0",
         f"deepspeed={'zero3_bf16' if gpu else 'zero3'}",
-        f"deepspeed.offload_states_during_rollout={str(gpu).lower()}",
-        f"deepspeed.release_engine_during_update={str(gpu).lower()}",
+        f"deepspeed.offload_states_during_rollout={str(moves).lower()}",
+        f"deepspeed.release_engine_during_update={str(moves).lower()}",
     ]
+    if args.max_staleness:
+        overrides += [f"algo.max_staleness={args.max_staleness}", "algo.tis_cap=2.0"]
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = to_config(compose(config_name="config", overrides=overrides))
@@ -151,9 +164,10 @@ def anchors_update(cfg: Config, samples: int) -> Config:
     """The anchors' update settings (module docstring) over ours: 16-sample micro-batches, a recompute pass, the
     prompt budget's padding, the optimizer state resident on the GPU during the update."""
     algo = replace(cfg.algo, micro_batches=max(1, samples // ANCHOR_UPDATE_MICRO_BATCH),
-                   old_logprobs_from_update=False)
+                   old_logprobs_from_update=False, max_staleness=0, tis_cap=0.0)
+    gpu = torch.cuda.is_available()
     ds = replace(cfg.deepspeed, stream_optimizer_states=False, trim_prompt_padding=False,
-                 offload_states_during_rollout=torch.cuda.is_available())
+                 offload_states_during_rollout=gpu, release_engine_during_update=gpu)
     return replace(cfg, algo=algo, deepspeed=ds)
 
 
@@ -270,13 +284,44 @@ def peak_gib(device: torch.device) -> float:
 
 def keep_batches(trainer) -> None:
     """The trainer keeps each step's samples (`trainer.last_batch`) for the FLOP count and the update alone."""
-    collect = trainer.collect
+    collect = trainer.collect_local
 
-    def collect_and_keep():
-        trainer.last_batch = collect()
+    def collect_and_keep(done: int):
+        trainer.last_batch = collect(done)
         return trainer.last_batch
 
-    trainer.collect = collect_and_keep
+    trainer.collect_local = collect_and_keep
+
+
+class GpuBusy:
+    """The mean of NVML's GPU utilisation (the share of time a kernel ran), sampled every 0.1 s while open; nan
+    without a GPU or NVML."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.samples = device, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.1):
+            try:
+                self.samples.append(torch.cuda.utilization(self.device) / 100)
+            except Exception:  # noqa: BLE001 - no NVML here: no figure
+                return
+
+    def __enter__(self) -> GpuBusy:
+        if self.device.type == "cuda":
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    @property
+    def fraction(self) -> float:
+        return float(np.mean(self.samples)) if self.samples else float("nan")
 
 
 def timed_step(trainer, way: str) -> dict[str, float]:
@@ -285,8 +330,13 @@ def timed_step(trainer, way: str) -> dict[str, float]:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
-    m = trainer.train_step()
+    with GpuBusy(device) as busy:
+        m = trainer.train_step()
     m["step_s"] = time.perf_counter() - start
+    m["gpu_busy"] = busy.fraction
+    m.setdefault("time/rollout_wait_s", 0.0)
+    m.setdefault("rollout/ahead_urgent", 0.0)
+    m["rollout_wall_s"] = m["time/rollout_s"] + m["time/rollout_ahead_s"]  # the rollout played during this step
     phases = [v for k, v in m.items() if k.startswith("memory/")]
     m["peak_gib"] = max(phases) if phases else peak_gib(device)
     for phase in ("rollout", "update", "sync"):
@@ -433,6 +483,7 @@ def update_sweep(trainer, cfg: Config, sizes: list[int], flops: float, rate: flo
 
 
 COLUMNS = [("way", "way", "{}"), ("step_s", "step s", "{:.1f}"), ("time/rollout_s", "rollout s", "{:.1f}"),
+           ("time/rollout_ahead_s", "ahead s", "{:.1f}"), ("time/rollout_wait_s", "wait s", "{:.1f}"),
            ("decode_s", "decode busy", "{:.1f}"), ("rollout/decode_wait_s", "decode waits", "{:.1f}"),
            ("sim_busy_s", "sim busy/proc", "{:.1f}"), ("sim_idle_s", "sim idle/proc", "{:.1f}"),
            ("time/recompute_s", "recompute s", "{:.1f}"), ("update_only_s", "update s", "{:.1f}"),
@@ -445,7 +496,8 @@ COLUMNS = [("way", "way", "{}"), ("step_s", "step s", "{:.1f}"), ("time/rollout_
            ("train/mismatch_outside_clip", "mismatch outside clip", "{:.4f}"),
            ("memory/rollout_peak_gib", "rollout GiB", "{:.1f}"),
            ("memory/update_peak_gib", "update GiB", "{:.1f}"), ("memory/sync_peak_gib", "sync GiB", "{:.1f}"),
-           ("peak_gib", "peak GiB", "{:.1f}")]
+           ("peak_gib", "peak GiB", "{:.1f}"), ("gpu_busy", "GPU busy", "{:.0%}"),
+           ("train/staleness_mean", "staleness", "{:.1f}"), ("rollout/ahead_urgent", "ahead first", "{:.0f}")]
 
 
 def table(rows: list[dict]) -> str:
@@ -507,6 +559,9 @@ def main() -> None:
             if cap:
                 print(cap_memory(0) + " (the anchors' way)", flush=True)
             use_update_settings(trainer, anchors_update(cfg, samples_per_step))
+            if trainer.ahead is not None:  # the anchors collect no rollout ahead: ours' last one is dropped
+                trainer.ahead.close()
+                trainer.ahead, trainer.pending = None, None
             ours_loop.cancel_prefetch()
             trainer.next_specs = None
             trainer.fleet = start_fleet(cfg.env, trainer.vla, ours_fleet.size, stages=1)
@@ -524,8 +579,8 @@ def main() -> None:
                     flops = forward_flops(trainer)
                 m["update_only_s"] = m["time/update_s"] - m["time/recompute_s"]
                 m["update_mfu"] = passes(cfg) * flops * m["train/samples"] / m["update_only_s"] / rate
-                m["decode_s"] = m["rollout/decode_utilisation"] * m["time/rollout_s"]
-                m["sim_busy_s"] = m["rollout/env_utilisation"] * m["time/rollout_s"]
+                m["decode_s"] = m["rollout/decode_utilisation"] * m["rollout_wall_s"]
+                m["sim_busy_s"] = m["rollout/env_utilisation"] * m["rollout_wall_s"]
                 m["sim_idle_s"] = m["rollout/env_wait_s"] / trainer.fleet.num_procs
                 rows.append(m)
                 print(table([m]).splitlines()[-1], flush=True)
@@ -551,7 +606,7 @@ def main() -> None:
         return float(np.mean([r[key] for r in rs]))
 
     step_speedup = mean(anchors, "step_s") / mean(ours, "step_s") if anchors else float("nan")
-    rollout_speedup = mean(anchors, "time/rollout_s") / mean(ours, "time/rollout_s") if anchors else float("nan")
+    rollout_speedup = mean(anchors, "rollout_wall_s") / mean(ours, "rollout_wall_s") if anchors else float("nan")
     update_mfu = mean(ours, "update_mfu")
     peak = max(r["peak_gib"] for r in ours)
     print("\n" + table(rows))
@@ -562,7 +617,8 @@ def main() -> None:
           f"loop (ours, mean): {update_mfu:.1%} ({update_mfu / alone_mfu:.2f} of alone)")
     if anchors:
         print(f"step_speedup = {mean(anchors, 'step_s'):.1f} / {mean(ours, 'step_s'):.1f}; rollout_speedup = "
-              f"{mean(anchors, 'time/rollout_s'):.1f} / {mean(ours, 'time/rollout_s'):.1f}")
+              f"{mean(anchors, 'rollout_wall_s'):.1f} / {mean(ours, 'rollout_wall_s'):.1f}"
+              + (" (ours: each rollout during the update before)" if args.max_staleness else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "setup_s": setup_s, "substeps": substeps, "matmul_flops": rate,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -30,6 +31,18 @@ def test_rl_step_dry_run_prints_both_ways_and_the_last_line():
     assert any("| rollout GiB | update GiB | sync GiB | peak GiB |" in line for line in lines)
     assert any("update alone on the last step's" in line for line in lines)
     assert any("no GPU: no memory cap" in line for line in lines)
+
+
+def test_rl_step_dry_run_with_the_rollout_during_the_update(tmp_path):
+    figures = tmp_path / "rl_step.json"
+    lines = rl_step("--max-staleness", "1", "--micro-batch", "4", "--json", str(figures))
+    assert re.fullmatch(r"rl_step: step_speedup=\d+\.\d\d rollout_speedup=\d+\.\d\d update_mfu=\d+\.\d\d "
+                        r"peak_gib=(nan|\d+\.\d)", lines[-1]), lines[-1]
+    rows = json.loads(figures.read_text())["rows"]
+    ours, anchors = ([r for r in rows if r["way"] == way] for way in ("ours", "anchors"))
+    assert all(r["time/rollout_ahead_s"] > 0 for r in ours)  # the next step's rollout ran during this update
+    assert all(r["time/rollout_ahead_s"] == 0 and r["train/staleness_mean"] == 0 for r in anchors)
+    assert "each rollout during the update before" in lines[-2]
 
 
 def test_rl_step_dry_runs_of_lora_with_the_l1_head_and_the_update_sweep():

@@ -188,6 +188,7 @@ class Trainer:
         self.ahead: RolloutAhead[StepBatch] | None = None
         self.pending: StepBatch | None = None  # the next step's rollout, collected during the last update
         self.lost_ahead: SimNodeLost | None = None
+        self.ahead_urgent = True  # the rollout ahead's decodes go first until the update proves the longer phase
         self.stop = StopSignals()
         self.ready = False
 
@@ -309,7 +310,7 @@ class Trainer:
         ahead = self.ahead is not None and self.schedule.collects_ahead_during(self.step)
         if ahead:
             assert self.ahead is not None
-            self.ahead.start(lambda done=self.step + 1: self.collect_local(done))
+            self.ahead.start(lambda done=self.step + 1: self.collect_local(done), self.ahead_urgent)
         elif self.schedule.prefetches_after(self.step):
             self.next_specs = self.sampler.draw(self.groups)
             self.loop.prefetch(repeat_for_groups(self.next_specs, self.cfg.algo.group_size))
@@ -318,6 +319,9 @@ class Trainer:
         with timer("update"):
             result = self.update(batch)
         ahead_s = self._wait_ahead(timer) if ahead else 0.0
+        urgent = self.ahead_urgent
+        if ahead:  # the next rollout ahead goes first only where the sync had to wait for this one
+            self.ahead_urgent = timer.seconds["rollout_wait"] > 0.01 * timer.seconds["update"]
         with timer("sync"):
             report = self.sync(self.version + 1)
         self.step += 1
@@ -325,6 +329,7 @@ class Trainer:
             "train/staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
             "train/staleness_max": float(max(staleness, default=0)),
             "time/rollout_ahead_s": ahead_s,
+            "rollout/ahead_urgent": float(urgent and ahead),
             "train/success_rate": batch.success_rate,
             "train/groups_kept": len(batch.groups),
             "train/rollout_rounds": batch.rounds,

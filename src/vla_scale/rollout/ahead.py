@@ -1,11 +1,14 @@
 """RolloutAhead: the next step's rollout played in a thread of its own while the actor's update runs
 (`algo.max_staleness=1`).
 
-The simulators step and the engine decodes while the update trains, instead of each waiting for the other. On a GPU
-the decodes go to a stream of the highest priority, so the update's kernels yield to them and the simulators wait on
-the decode about as little as they do alone. Nothing in the thread calls a collective (the caller averages over ranks
-once the rollout is back), the sampler and the engine's generator are used by this thread only while it runs, and the
-weight sync waits for the rollout (`wait`) before it writes: the engine holds one version for the whole rollout.
+The simulators step and the engine decodes while the update trains, instead of each waiting for the other. The step
+then lasts as long as the longer of the two. On a GPU the decodes go to a stream of their own, of the highest
+priority while the rollout is what the step waits for (`urgent`: the update's kernels yield to the decodes, and the
+simulators wait on them about as little as they do alone) and of the update's own (the lowest) while the update is
+(the decodes no longer go first, so they slow the update less; the rollout, hidden behind it, may take longer).
+Nothing in the thread calls a collective (the caller averages over ranks once the rollout is back), the sampler and
+the engine's generator are used by this thread only while it runs, and the weight sync waits for the rollout (`wait`)
+before it writes: the engine holds one version for the whole rollout.
 """
 
 from __future__ import annotations
@@ -26,25 +29,29 @@ class RolloutAhead(Generic[T]):
 
     def __init__(self, device: torch.device):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
-        self._stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+        on_gpu = device.type == "cuda"
+        self._streams = {urgent: torch.cuda.Stream(device, priority=-1 if urgent else 0) for urgent in (True, False)
+                         } if on_gpu else {}
         self._future: Future[tuple[T, float]] | None = None
 
     @property
     def in_flight(self) -> bool:
         return self._future is not None
 
-    def start(self, collect: Callable[[], T]) -> None:
+    def start(self, collect: Callable[[], T], urgent: bool = True) -> None:
+        """`collect()` in the rollout thread; `urgent`: its decodes before the update's kernels (on a GPU)."""
         if self._future is not None:
             raise RuntimeError("a rollout is already in flight: wait() for it before starting the next")
-        self._future = self._pool.submit(self._run, collect)
+        self._future = self._pool.submit(self._run, collect, self._streams.get(urgent))
 
-    def _run(self, collect: Callable[[], T]) -> tuple[T, float]:
+    @staticmethod
+    def _run(collect: Callable[[], T], stream: torch.cuda.Stream | None) -> tuple[T, float]:
         start = time.perf_counter()
-        if self._stream is None:
+        if stream is None:
             return collect(), time.perf_counter() - start
-        with torch.cuda.stream(self._stream):
+        with torch.cuda.stream(stream):
             result = collect()
-        self._stream.synchronize()
+        stream.synchronize()
         return result, time.perf_counter() - start
 
     def wait(self) -> tuple[T, float]:

@@ -18,7 +18,8 @@ def test_the_egl_device_is_found_by_its_cuda_ordinal_not_its_place():
 def test_simulators_get_the_rank_gpu_and_no_cuda_list():
     found = [None, 1, 0]
     assert render_environment(0, {}, found) == {"MUJOCO_EGL_DEVICE_ID": "2", "CUDA_VISIBLE_DEVICES": None}
-    assert render_environment(1, {"MUJOCO_GL": "egl", "CUDA_VISIBLE_DEVICES": "4,5"}, found)["MUJOCO_EGL_DEVICE_ID"] == "1"
+    chosen = render_environment(1, {"MUJOCO_GL": "egl", "CUDA_VISIBLE_DEVICES": "4,5"}, found)
+    assert chosen["MUJOCO_EGL_DEVICE_ID"] == "1"
 
 
 @pytest.mark.parametrize("cuda, environ, found", [
