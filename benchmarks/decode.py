@@ -48,12 +48,13 @@ from omegaconf import OmegaConf
 
 from vla_scale.algo import logprobs_from_logits
 from vla_scale.config import ModelConfig
-from vla_scale.models import OFTPolicy, PretrainedVLA, Processor
+from vla_scale.models import OFTPolicy, Processor
 from vla_scale.models.policy import FusedRMSNorm
 from vla_scale.models.processor import PolicyInputs
 from vla_scale.models.vision import ViT
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.fp8 import fp8_problem
+from vla_scale.run_policy import fresh_vla
 
 TEXTS = ["pick up the black bowl and place it on the plate", "open the top drawer", "put the cream cheese in the bowl"]
 TEMPERATURE = 1.6
@@ -406,7 +407,7 @@ def main() -> None:
           + ", ".join(f"{k} {v:.0f}" for k, v in report["matmul_tflops_shapes"].items()), flush=True)
 
     cfg = model_config(args.model)
-    vla = PretrainedVLA.from_config(cfg, TEXTS)
+    vla = fresh_vla(cfg, TEXTS)
     processor = vla.processor
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)

@@ -30,6 +30,7 @@ from vla_scale.algo import logprob_mismatch, logprobs_from_logits, truncated_is_
 from vla_scale.config import ModelConfig
 from vla_scale.models import PretrainedVLA
 from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.run_policy import fresh_vla
 
 TEXTS = ["pick up the black bowl and place it on the plate", "open the top drawer", "put the cream cheese in the bowl"]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -62,7 +63,7 @@ def main() -> None:
     print(f"{datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}  {DEVICE}  torch {torch.__version__}"
           + (f"  {torch.cuda.get_device_name()}" if DEVICE == "cuda" else ""), flush=True)
     cfg = model_config(args.model)
-    vla = PretrainedVLA.from_config(cfg, TEXTS)
+    vla = fresh_vla(cfg, TEXTS)
     torch.manual_seed(0)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     actor = build(vla, dtype)

@@ -39,6 +39,7 @@ from vla_scale.parallel.sim.cluster import start_ray  # noqa: E402
 from vla_scale.parallel.sim.fleet import LocalWorkers, SimFleet  # noqa: E402
 from vla_scale.rollout.engine import RolloutEngine  # noqa: E402
 from vla_scale.rollout.env_loop import EnvLoop  # noqa: E402
+from vla_scale.run_policy import fresh_vla  # noqa: E402
 
 DECODE_CORE, SIM_CORE = 0, 1
 EVERY_CORE = os.sched_getaffinity(0)
@@ -131,7 +132,7 @@ def main() -> None:
     cfg = ModelConfig(hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_layers=args.layers,
                       num_heads=2, chunk_len=args.chunk, image_size=args.resolution, patch_size=16,
                       vision_dim=args.vision_dim)
-    vla = PretrainedVLA.from_config(cfg, instructions())
+    vla = fresh_vla(cfg, instructions())
     torch.manual_seed(0)
     engine = RolloutEngine(vla.policy)
     rows = [rollout_row(args, s, engine, vla) for s in (1, 2, 4)]

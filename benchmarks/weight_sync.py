@@ -44,6 +44,7 @@ from vla_scale.models import PretrainedVLA
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.run_policy import fresh_vla
 from vla_scale.run_setup import init_distributed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -278,7 +279,7 @@ def main() -> None:
     rank, world = init_distributed()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     cfg = model_config(args.model)
-    vla = PretrainedVLA.from_config(cfg, TEXTS)
+    vla = fresh_vla(cfg, TEXTS)
     start = time.perf_counter()
     ds = DeepSpeedConfig(zero_stage=3, bf16=device.type == "cuda")
     for item in args.ds:

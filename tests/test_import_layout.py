@@ -131,3 +131,13 @@ def test_tests_are_laid_out_as_the_packages_are():
     for test in tests.glob("test_*.py"):
         subject = test.stem.removeprefix("test_")
         assert subject in top_modules | {"import_layout", "benchmarks"}, test.name
+
+
+def test_the_model_layer_imports_nothing_of_the_run_configuration():
+    """`models/` takes specs and folders; the run's `model.*` keys become a policy in `run_policy.py`, above it."""
+    graph = import_graph()
+    above = {"vla_scale.config", "vla_scale.run_policy", "vla_scale.trainer", "vla_scale.run_setup"}
+    reaching_up = {name: sorted(m for m in deps if m.split(".")[:2] == ["vla_scale", "config"] or m in above)
+                   for name, deps in graph.items() if name.startswith("vla_scale.models")}
+    assert {name: deps for name, deps in reaching_up.items() if deps} == {}
+    assert "vla_scale.models.spec" in graph["vla_scale.run_policy"]

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from vla_scale.config import Config
 from vla_scale.models import PretrainedVLA
+from vla_scale.run_policy import resolved_model_config
 
 
 def _free_port() -> int:
@@ -77,4 +78,4 @@ def resolved_config(cfg: Config, vla: PretrainedVLA) -> Config:
     """`cfg` with what the policy decides filled in: a checkpoint's architecture, the prompt budget, the env's
     camera resolution (0: the policy pipeline's). The run logs and saves this one."""
     env = replace(cfg.env, camera_resolution=vla.camera_resolution(cfg.env))
-    return replace(cfg, model=vla.model_config(cfg.model), env=env)
+    return replace(cfg, model=resolved_model_config(vla, cfg.model), env=env)

@@ -39,7 +39,6 @@ from vla_scale.batches import (
 )
 from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, validate
 from vla_scale.envs.types import TaskSpec
-from vla_scale.models import PretrainedVLA
 from vla_scale.parallel.actor import Actor, UpdateResult
 from vla_scale.parallel.sim.cluster import ray_address_problem, start_ray
 from vla_scale.parallel.sim.fleet import SimFleet, SimNodeLost
@@ -51,6 +50,7 @@ from vla_scale.rollout.fp8 import fp8_problem
 from vla_scale.rollout.sampler import TaskSampler, eval_specs
 from vla_scale.rollout.stack import max_chunks, needs_ray, play_eval, start_fleet, start_ray_for
 from vla_scale.run_log import RunLogger, progress
+from vla_scale.run_policy import vla_for_env
 from vla_scale.run_setup import init_distributed, make_deterministic, mean_over_ranks, resolved_config
 from vla_scale.stop_signals import Preempted, StopSignals
 
@@ -153,7 +153,7 @@ class RunComplete(Exception):
 class Trainer:
     def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = ()):
         """Joins the process group (`init_distributed`) and checks, starting nothing else: the configuration, the Ray
-        address, the policy against the env and the `explicit` keys of the command line (`PretrainedVLA.for_env`), a
+        address, the policy against the env and the `explicit` keys of the command line (`run_policy.vla_for_env`), a
         resumed run against its checkpoint."""
         if cfg.deterministic:
             make_deterministic()
@@ -167,7 +167,7 @@ class Trainer:
         if no_fp8:
             raise ConfigError(no_fp8)
         # policy, tokenizer, processor and action post-processing from one source, checked against the env
-        self.vla = PretrainedVLA.for_env(cfg.model, cfg.env, explicit)
+        self.vla = vla_for_env(cfg.model, cfg.env, explicit)
         self.cfg = cfg = resolved_config(cfg, self.vla)
         self.run_dir = run_dir
         if cfg.resume:  # before anything starts: the run must be resumable with this configuration

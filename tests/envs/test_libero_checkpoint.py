@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import read_scalars, run_script
 
+from vla_scale.run_policy import vla_for_env
+
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = Path(os.environ.get("VLA_SCALE_LIBERO_FIXTURE", ROOT.parent / "shared" / "fixtures"
                              / "oft_libero_pipeline")) / "checkpoint"
@@ -53,11 +55,10 @@ def test_evaluate_and_train_an_official_folder(tmp_path: Path) -> None:
     # the step folder is a checkpoint folder of the same policy: the official pipeline, tokenizer and statistics, so
     # `launch/eval.py model.checkpoint=<run>` evaluates it as the official folder was (tests/launch/test_eval.py)
     from vla_scale.config import EnvConfig, ModelConfig
-    from vla_scale.models import PretrainedVLA
 
     env = EnvConfig(name="libero", suite="libero_spatial", camera_resolution=0)
-    official = PretrainedVLA.for_env(ModelConfig(checkpoint=str(FOLDER)), env)
-    trained = PretrainedVLA.for_env(ModelConfig(checkpoint=str(tmp_path / "train")), env)
+    official = vla_for_env(ModelConfig(checkpoint=str(FOLDER)), env)
+    trained = vla_for_env(ModelConfig(checkpoint=str(tmp_path / "train")), env)
     assert trained.source == str(tmp_path / "train" / "checkpoints" / "step_2")
     assert trained.describe(env).split(": ", 1)[1] == official.describe(env).split(": ", 1)[1]
     instruction = "pick up the black bowl between the plate and the ramekin and place it on the plate"
@@ -73,7 +74,6 @@ def test_bad_checkpoint_inputs_fail_before_any_simulator_starts(tmp_path: Path) 
     assert proc.returncode != 0 and "set env.camera_resolution=256" in proc.stderr, proc.stderr[-2000:]
     assert "Started a local Ray instance" not in proc.stdout + proc.stderr
     from vla_scale.config import ConfigError, EnvConfig, ModelConfig
-    from vla_scale.models import PretrainedVLA
 
     libero = dict(name="libero", suite="libero_spatial", camera_resolution=0)
     cases = [
@@ -85,7 +85,7 @@ def test_bad_checkpoint_inputs_fail_before_any_simulator_starts(tmp_path: Path) 
     ]
     for model, env, phrase in cases:
         with pytest.raises(ConfigError, match=phrase):
-            PretrainedVLA.for_env(ModelConfig(**model), EnvConfig(**env))
+            vla_for_env(ModelConfig(**model), EnvConfig(**env))
 
 
 def test_a_folder_without_tokenizer_files_is_refused(tmp_path: Path) -> None:

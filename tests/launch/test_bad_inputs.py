@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import TINY, run_script, script_env
 
+from vla_scale.run_policy import fresh_vla
+
 
 def refused(script: str, *args: str, code: int = 1) -> str:
     """Run an entry script that must stop before Ray starts with exit code `code`; its output."""
@@ -85,12 +87,11 @@ def test_a_damaged_checkpoint_file_is_named(tmp_path):
     """A checkpoint folder with LIBERO's 8-D proprio (no fixture needed), its config.json then damaged."""
     from vla_scale.config import ModelConfig
     from vla_scale.envs.reach import instructions
-    from vla_scale.models import PretrainedVLA
 
     folder = tmp_path / "checkpoint"
     small = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
                         intermediate_size=64, proprio_dim=8)
-    PretrainedVLA.from_config(small, instructions()).save_pretrained(str(folder))
+    fresh_vla(small, instructions()).save_pretrained(str(folder))
     (folder / "config.json").write_text("{not json")
     out = refused("train", "--config-name", "oft_libero_spatial", f"model.checkpoint={folder}",
                   f"run_dir={tmp_path / 'run'}")
@@ -144,11 +145,10 @@ def l1_folder(folder: Path) -> Path:
     """A checkpoint folder with an L1-regression head, the TINY policy's sizes (no fixture needed)."""
     from vla_scale.config import ModelConfig
     from vla_scale.envs.reach import instructions
-    from vla_scale.models import PretrainedVLA
 
     tiny = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=1, vision_dim=32, num_heads=2,
                        action_head="l1")
-    PretrainedVLA.from_config(tiny, instructions()).save_pretrained(str(folder))
+    fresh_vla(tiny, instructions()).save_pretrained(str(folder))
     return folder
 
 

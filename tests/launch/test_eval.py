@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import TINY_ENV, TINY_MODEL, read_scalars, run_script
 
+from vla_scale.run_policy import fresh_vla
+
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [*TINY_MODEL, *TINY_ENV, "progress=false"]
 
@@ -58,7 +60,6 @@ def test_evaluates_the_latest_checkpoint_of_a_run(tmp_path: Path) -> None:
 
     from vla_scale import checkpoint
     from vla_scale.envs.reach import instructions
-    from vla_scale.models import PretrainedVLA
 
     cfg = eval_module().to_config
     from hydra import compose, initialize_config_dir
@@ -67,7 +68,7 @@ def test_evaluates_the_latest_checkpoint_of_a_run(tmp_path: Path) -> None:
         model = cfg(compose(config_name="config", overrides=SMALL[:5])).model
     torch.manual_seed(123)
     folder = tmp_path / "train_run" / "checkpoints" / "step_3"  # a step folder is a checkpoint folder
-    PretrainedVLA.from_config(model, instructions()).save_pretrained(str(folder))
+    fresh_vla(model, instructions()).save_pretrained(str(folder))
     checkpoint.mark_latest(str(tmp_path / "train_run"), "step_3")
     proc = run_eval(f"model.checkpoint={tmp_path / 'train_run'}", f"run_dir={tmp_path / 'eval'}", "env.num_tasks=1",
                     "env.num_eval_init_states=2")

@@ -13,8 +13,8 @@ from conftest import TINY_ENV, TINY_MODEL, run_script
 
 from vla_scale.datasets.lerobot import LeRobotKeys, read_dataset
 from vla_scale.envs.registry import make_env
-from vla_scale.models import PretrainedVLA
 from vla_scale.rollout.sampler import eval_specs
+from vla_scale.run_policy import vla_for_env
 
 SMALL = [*TINY_MODEL, *TINY_ENV, "env.max_steps=16", "progress=false", "seed=3"]
 
@@ -38,7 +38,7 @@ def test_recorded_episodes_re_read_to_what_the_env_plays_with_their_actions(tmp_
                             state_dim=4)
     assert len(episodes) == len(specs)
     torch.manual_seed(3)  # launch/eval.py's fresh policy: the same seed, the same weights
-    vla = PretrainedVLA.for_env(cfg.model, env)
+    vla = vla_for_env(cfg.model, env)
     sim = make_env(env.name, **env.simulator_kwargs())
     for episode, spec in zip(episodes, specs, strict=True):  # the evaluation played again, here, chunk by chunk
         observation, t, step = sim.reset(spec), 0, None

@@ -20,6 +20,7 @@ import pytest
 from conftest import ROOT, TINY, read_scalars, script_env
 
 from vla_scale import checkpoint
+from vla_scale.run_policy import fresh_vla, vla_for_env
 
 
 def start_train(*overrides: str) -> tuple[subprocess.Popen, list[str]]:
@@ -168,11 +169,10 @@ def test_a_checkpoint_folder_is_data_never_code(tmp_path: Path) -> None:
 
     from vla_scale.config import EnvConfig, ModelConfig, ParallelConfig
     from vla_scale.envs.reach import instructions
-    from vla_scale.models import PretrainedVLA
     from vla_scale.models.hub import LOADED_FILES
 
     torch.manual_seed(0)
-    PretrainedVLA.from_config(ModelConfig(), instructions()).save_pretrained(str(tmp_path))
+    fresh_vla(ModelConfig(), instructions()).save_pretrained(str(tmp_path))
     marker = tmp_path / "code_ran"
     for name in ("modeling_prismatic.py", "configuration_prismatic.py", "processing_prismatic.py"):
         (tmp_path / name).write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
@@ -180,7 +180,7 @@ def test_a_checkpoint_folder_is_data_never_code(tmp_path: Path) -> None:
     config["auto_map"] = {"AutoConfig": "configuration_prismatic.OpenVLAConfig",
                           "AutoModelForVision2Seq": "modeling_prismatic.OpenVLAForActionPrediction"}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    vla = PretrainedVLA.for_env(ModelConfig(checkpoint=str(tmp_path)), EnvConfig())
+    vla = vla_for_env(ModelConfig(checkpoint=str(tmp_path)), EnvConfig())
     assert vla.policy is not None and not marker.exists()
     assert not any(fnmatch.fnmatch(name, pattern) for pattern in LOADED_FILES for name in ("modeling_prismatic.py",
                                                                                            "configuration_prismatic.py"))

@@ -16,6 +16,7 @@ from vla_scale.config import LoraConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import PretrainedVLA
 from vla_scale.models.pretrained import CheckpointError, folder_action_head
+from vla_scale.run_policy import fresh_vla
 
 SMALL = dict(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
              intermediate_size=64)
@@ -23,7 +24,7 @@ SMALL = dict(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_lay
 
 def l1_vla(**kw) -> PretrainedVLA:
     torch.manual_seed(0)
-    return PretrainedVLA.from_config(ModelConfig(**SMALL, action_head="l1", **kw), instructions())
+    return fresh_vla(ModelConfig(**SMALL, action_head="l1", **kw), instructions())
 
 
 def observations(vla: PretrainedVLA, n: int = 3) -> list:
@@ -91,7 +92,7 @@ def test_a_folder_without_a_saved_log_std_starts_it_at_the_config_value(tmp_path
 def test_a_token_folder_and_the_choices_that_do_not_fit_a_folder(tmp_path):
     torch.manual_seed(0)
     tokens = tmp_path / "tokens"
-    PretrainedVLA.from_config(ModelConfig(**SMALL), instructions()).save_pretrained(str(tokens))
+    fresh_vla(ModelConfig(**SMALL), instructions()).save_pretrained(str(tokens))
     assert folder_action_head(str(tokens)) == ("tokens", [])
     assert "holds no action_head--" in folder_action_head(str(tokens), "l1")[1][0]
     l1 = tmp_path / "l1"
@@ -152,7 +153,7 @@ def test_a_head_file_that_cannot_be_used_is_refused_naming_it(tmp_path, damage):
 
 def test_the_policy_line_names_the_head():
     assert "action head l1" in l1_vla().describe()
-    assert "action head tokens" in PretrainedVLA.from_config(ModelConfig(**SMALL), instructions()).describe()
+    assert "action head tokens" in fresh_vla(ModelConfig(**SMALL), instructions()).describe()
 
 
 def test_the_policy_class_alone_reads_the_folders_head(tmp_path):

@@ -12,9 +12,10 @@ from safetensors import safe_open
 
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
-from vla_scale.models import OFTPolicy, Processor, WordTokenizer, build_policy
+from vla_scale.models import OFTPolicy, Processor, WordTokenizer
 from vla_scale.models.checkpoint_io import weight_files
-from vla_scale.models.spec import openvla_config, spec_from_model_config, spec_from_openvla
+from vla_scale.models.spec import openvla_config, spec_from_openvla
+from vla_scale.run_policy import build_policy, fresh_vla, resolved_model_config, spec_from_model_config, vla_for_env
 
 FIXTURE = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "oft_official_tiny"
 STATS = {"libero_goal_no_noops": {
@@ -188,7 +189,7 @@ def test_a_policy_folder_written_from_gathered_tensors_loads_as_the_policy(tmp_p
     from vla_scale.models import PretrainedVLA
 
     torch.manual_seed(0)
-    vla = PretrainedVLA.from_config(ModelConfig(), instructions())
+    vla = fresh_vla(ModelConfig(), instructions())
     checkpoint.save_policy_folder(vla.policy, str(tmp_path), vla.tokenizer, bucket_mb=1, write=True)
     assert (tmp_path / "proprio_projector--latest_checkpoint.pt").exists()
     with safe_open(tmp_path / "model.safetensors", "pt") as f:
@@ -212,15 +213,14 @@ def test_a_folder_with_several_problems_names_them_all_at_once(tmp_path):
 
 def test_model_keys_set_on_the_command_line_that_a_checkpoint_contradicts_are_refused(tmp_path):
     from vla_scale.config import ConfigError, EnvConfig
-    from vla_scale.models import PretrainedVLA
 
     torch.manual_seed(0)
-    PretrainedVLA.from_config(ModelConfig(), instructions()).save_pretrained(str(tmp_path))
+    fresh_vla(ModelConfig(), instructions()).save_pretrained(str(tmp_path))
     asked = ModelConfig(checkpoint=str(tmp_path), chunk_len=4, hidden_size=48, max_text_len=24)
     with pytest.raises(ConfigError) as refused:
-        PretrainedVLA.for_env(asked, EnvConfig(), {"model.chunk_len", "model.hidden_size", "model.max_text_len"})
+        vla_for_env(asked, EnvConfig(), {"model.chunk_len", "model.hidden_size", "model.max_text_len"})
     message = str(refused.value)
     assert "model.chunk_len=4 but" in message and "has 8" in message and "model.hidden_size=48 but" in message
     assert "max_text_len" not in message  # a prompt budget applies on top of a checkpoint
-    vla = PretrainedVLA.for_env(asked, EnvConfig())  # not set by the user: the checkpoint's values
-    assert vla.model_config(asked).chunk_len == 8
+    vla = vla_for_env(asked, EnvConfig())  # not set by the user: the checkpoint's values
+    assert resolved_model_config(vla, asked).chunk_len == 8

@@ -6,8 +6,8 @@ import pytest
 
 from vla_scale.config import ConfigError, EnvConfig, ModelConfig
 from vla_scale.envs.reach import instructions
-from vla_scale.models import PretrainedVLA
 from vla_scale.models.hub import is_hub_id
+from vla_scale.run_policy import fresh_vla, vla_for_env
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 SMALL = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
@@ -19,7 +19,7 @@ def hub_cache(tmp_path, monkeypatch):
     """$HF_HUB_CACHE/models--org--tiny/snapshots/<commit>/ with a checkpoint folder and refs/main, as the hub's cache
     lays a download out; plus a file the loader never reads, which a download would skip."""
     snapshot = tmp_path / "cache" / "models--org--tiny" / "snapshots" / COMMIT
-    PretrainedVLA.from_config(SMALL, instructions()).save_pretrained(str(snapshot))
+    fresh_vla(SMALL, instructions()).save_pretrained(str(snapshot))
     (snapshot.parents[1] / "refs").mkdir()
     (snapshot.parents[1] / "refs" / "main").write_text(COMMIT)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
@@ -34,14 +34,14 @@ def test_a_hub_id_is_told_from_a_path(tmp_path):
 
 def test_a_cached_hub_id_loads_offline_by_name_and_by_revision(hub_cache):
     for reference in ("org/tiny", f"org/tiny@{COMMIT}"):
-        vla = PretrainedVLA.for_env(ModelConfig(checkpoint=reference), EnvConfig())
+        vla = vla_for_env(ModelConfig(checkpoint=reference), EnvConfig())
         assert vla.source == str(hub_cache)
         assert vla.policy.num_action_tokens == SMALL.chunk_len * SMALL.action_dim
 
 
 def test_an_uncached_id_offline_and_an_unreachable_hub_are_one_clear_error(hub_cache, monkeypatch):
     with pytest.raises(ConfigError) as offline:
-        PretrainedVLA.for_env(ModelConfig(checkpoint="org/missing"), EnvConfig())
+        vla_for_env(ModelConfig(checkpoint="org/missing"), EnvConfig())
     message = str(offline.value)
     assert "model.checkpoint='org/missing'" in message and "HF_HUB_OFFLINE" in message
     assert "model.checkpoint=/path/to/checkpoint_folder" in message
@@ -49,7 +49,7 @@ def test_an_uncached_id_offline_and_an_unreachable_hub_are_one_clear_error(hub_c
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")  # nothing answers there
     with pytest.raises(ConfigError, match=r"model.checkpoint='org/tiny' names a hub checkpoint, but the hub did not"):
-        PretrainedVLA.for_env(ModelConfig(checkpoint="org/tiny"), EnvConfig())
+        vla_for_env(ModelConfig(checkpoint="org/tiny"), EnvConfig())
 
 
 def test_the_files_an_official_fine_tune_acts_with_are_fetched():

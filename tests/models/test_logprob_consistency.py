@@ -16,8 +16,9 @@ from vla_scale.algo import logprobs_from_logits
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
-from vla_scale.models import PretrainedVLA, Processor, WordTokenizer, build_policy
+from vla_scale.models import PretrainedVLA, Processor, WordTokenizer
 from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.run_policy import build_policy, fresh_vla
 
 FIXTURE = Path(os.environ.get("VLA_SCALE_LIBERO_FIXTURE", Path(__file__).resolve().parents[3] / "shared" / "fixtures"
                               / "oft_libero_pipeline")) / "checkpoint"
@@ -68,7 +69,7 @@ def _vla_two_images(fixture: bool) -> tuple[PretrainedVLA, int]:
         return PretrainedVLA.from_pretrained(str(FIXTURE), unnorm_key="libero_spatial_no_noops"), 256
     cfg = ModelConfig(**{**vars(CFG), "num_images": 2, "proprio_dim": 8, "image_resize": "jpeg_lanczos3",
                          "center_crop": True, "attention": "bidirectional"})
-    return PretrainedVLA.from_config(cfg, instructions(), env="libero"), 48
+    return fresh_vla(cfg, instructions(), env="libero"), 48
 
 
 @pytest.mark.parametrize("fixture", [False, True], ids=["tiny", "official_checkpoint"])

@@ -10,7 +10,7 @@ import torch
 from vla_scale.batches import MicroBatch, MiniBatch
 from vla_scale.config import AlgoConfig, ConfigError, DeepSpeedConfig, EnvConfig, LoraConfig, ModelConfig, validate
 from vla_scale.envs.reach import instructions
-from vla_scale.models import PretrainedVLA, Processor, WordTokenizer, build_policy
+from vla_scale.models import Processor, WordTokenizer
 from vla_scale.models.lora import (
     ADAPTER_CONFIG,
     LoRALinear,
@@ -21,10 +21,10 @@ from vla_scale.models.lora import (
     served,
     write_adapters,
 )
-from vla_scale.models.spec import spec_from_model_config
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.run_policy import build_policy, fresh_vla, spec_from_model_config, vla_for_env
 from vla_scale.run_setup import init_distributed
 from vla_scale.tensors.checksum import weights_checksum
 
@@ -122,9 +122,9 @@ def test_adapters_round_trip_through_the_peft_layout_and_merge_into_the_base(tmp
     """A base folder, a LoRA actor started from it, its adapters written; the base plus `model.lora.path` is the
     actor's merged policy bit for bit."""
     torch.manual_seed(0)
-    vla = PretrainedVLA.from_config(ModelConfig(**{**vars(CFG), "proprio_dim": 4}), instructions())
+    vla = fresh_vla(ModelConfig(**{**vars(CFG), "proprio_dim": 4}), instructions())
     vla.save_pretrained(str(tmp_path / "base"))
-    base = PretrainedVLA.for_env(ModelConfig(checkpoint=str(tmp_path / "base")), EnvConfig())
+    base = vla_for_env(ModelConfig(checkpoint=str(tmp_path / "base")), EnvConfig())
     actor = lora_actor(build=base.new_policy)
     actor.grpo_update([MiniBatch((batch(1),))])
     write_adapters(str(tmp_path / "adapters"), raw(actor, is_adapter), LORA, str(tmp_path / "base"))
@@ -132,7 +132,7 @@ def test_adapters_round_trip_through_the_peft_layout_and_merge_into_the_base(tmp
     assert config["r"] == 4 and config["lora_alpha"] == 8.0 and config["peft_type"] == "LORA"
     pairs, scale = read_adapters(str(tmp_path / "adapters"))
     assert scale == 2.0 and len(pairs) == len(actor.adapted)
-    merged = PretrainedVLA.for_env(ModelConfig(checkpoint=str(tmp_path / "base"),
+    merged = vla_for_env(ModelConfig(checkpoint=str(tmp_path / "base"),
                                                lora=LoraConfig(path=str(tmp_path / "adapters"))), EnvConfig())
     served = [(n, t.clone()) for b in gathered_buckets(actor.policy, 1) for n, t in b]
     assert weights_checksum(served) == weights_checksum(list(merged.policy.state_dict().items()))

@@ -7,8 +7,9 @@ import torch
 from vla_scale.config import ConfigError, EnvConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
-from vla_scale.models import PretrainedVLA, Processor, WordTokenizer, build_policy
+from vla_scale.models import Processor, WordTokenizer
 from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.run_policy import build_policy, fresh_vla, vla_for_env
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
                   intermediate_size=64, chunk_len=4)
@@ -113,11 +114,11 @@ def test_engine_rejects_unknown_or_misshaped_weights():
 def test_a_checkpoint_decides_its_architecture_and_must_fit_the_env(tmp_path):
     """With model.checkpoint the folder's config wins over the model group's sizes; a policy whose proprio or actions
     do not fit the env is refused before anything starts, naming the key."""
-    PretrainedVLA.from_config(CFG, instructions()).save_pretrained(str(tmp_path / "reach"))
+    fresh_vla(CFG, instructions()).save_pretrained(str(tmp_path / "reach"))
     asked = ModelConfig(**{**vars(CFG), "chunk_len": 8, "checkpoint": str(tmp_path / "reach")})
-    loaded = PretrainedVLA.for_env(asked, EnvConfig()).new_policy()
+    loaded = vla_for_env(asked, EnvConfig()).new_policy()
     assert loaded.num_action_tokens == CFG.chunk_len * CFG.action_dim
-    PretrainedVLA.from_config(ModelConfig(**{**vars(CFG), "proprio_dim": 8}), instructions()).save_pretrained(
+    fresh_vla(ModelConfig(**{**vars(CFG), "proprio_dim": 8}), instructions()).save_pretrained(
         str(tmp_path / "libero"))
     with pytest.raises(ConfigError, match="model.proprio_dim=4"):
-        PretrainedVLA.for_env(ModelConfig(checkpoint=str(tmp_path / "libero")), EnvConfig())
+        vla_for_env(ModelConfig(checkpoint=str(tmp_path / "libero")), EnvConfig())

@@ -9,13 +9,14 @@ from vla_scale.envs.reach import instructions
 from vla_scale.envs.registry import make_env
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
+from vla_scale.run_policy import fresh_vla, vla_for_env
 
 CFG = ModelConfig(image_size=32, patch_size=16, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
                   intermediate_size=64, chunk_len=4)
 
 
 def vla_for(**changes) -> PretrainedVLA:
-    return PretrainedVLA.from_config(ModelConfig(**{**vars(CFG), **changes}), instructions())
+    return fresh_vla(ModelConfig(**{**vars(CFG), **changes}), instructions())
 
 
 def test_simulators_make_exactly_the_images_the_trainer_would():
@@ -48,7 +49,7 @@ def test_the_prompt_budget_is_sized_to_the_suite_or_checked_against_it():
     with pytest.raises(ValueError, match=f"has {longest} tokens > model.max_text_len={longest - 1}"):
         vla_for(max_text_len=longest - 1)
     with pytest.raises(ConfigError, match="model.max_text_len"):
-        PretrainedVLA.for_env(ModelConfig(**{**vars(CFG), "max_text_len": 5}), EnvConfig())
+        vla_for_env(ModelConfig(**{**vars(CFG), "max_text_len": 5}), EnvConfig())
 
 
 def test_actions_reach_each_env_in_its_convention():
@@ -65,5 +66,5 @@ def test_actions_reach_each_env_in_its_convention():
 
 def test_a_policy_that_does_not_fit_the_env_is_refused_naming_the_keys():
     with pytest.raises(ConfigError) as err:
-        PretrainedVLA.for_env(ModelConfig(**{**vars(CFG), "num_images": 2, "action_dim": 6}), EnvConfig())
+        vla_for_env(ModelConfig(**{**vars(CFG), "num_images": 2, "action_dim": 6}), EnvConfig())
     assert "takes 2 images" in str(err.value) and "6-d actions" in str(err.value)

@@ -18,12 +18,13 @@ import torch
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
-from vla_scale.models import OFTPolicy, Processor, WordTokenizer, build_policy
+from vla_scale.models import OFTPolicy, Processor, WordTokenizer
 from vla_scale.models.processor import PolicyInputs
 from vla_scale.models.spec import spec_from_openvla
 from vla_scale.models.vision import ViTSpec
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.fast_forward import Packing, pack_index
+from vla_scale.run_policy import build_policy
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=2, num_heads=2,
                   intermediate_size=64, chunk_len=4, ordinal_bin_init=1.0, max_text_len=40)

@@ -10,9 +10,10 @@ import torch
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
-from vla_scale.models import Processor, WordTokenizer, build_policy
+from vla_scale.models import Processor, WordTokenizer
 from vla_scale.parallel.sync.weight_sync import sync_weights
 from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.run_policy import build_policy
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=2, num_heads=2,
                   intermediate_size=64, chunk_len=4)

@@ -14,11 +14,11 @@ import torch
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import TaskSpec
-from vla_scale.models import PretrainedVLA
 from vla_scale.parallel.sim.cluster import start_ray
 from vla_scale.parallel.sim.fleet import LocalWorkers, SimFleet
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop
+from vla_scale.run_policy import fresh_vla
 
 CFG = ModelConfig(image_size=32, patch_size=16, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
                   intermediate_size=64, chunk_len=4)
@@ -35,7 +35,7 @@ def ray_session():
 def setup(ray_session, request):
     fleet = SimFleet("reach", {"camera_resolution": 32, "max_steps": 12}, size=4, num_workers=2,
                      sims_per_worker=2, timeout_s=60, in_process=request.param == "trainer")
-    vla = PretrainedVLA.from_config(CFG, instructions())
+    vla = fresh_vla(CFG, instructions())
     torch.manual_seed(0)
     engine = RolloutEngine(vla.policy, seed=0)
     engine.version = 5
@@ -97,7 +97,7 @@ def test_each_chunk_records_how_many_of_its_actions_ran(ray_session):
     fleet = SimFleet("reach", {"camera_resolution": 32, "max_steps": 10}, size=2, num_workers=1, sims_per_worker=2,
                      timeout_s=60, in_process=True)
     try:
-        vla = PretrainedVLA.from_config(CFG, instructions())
+        vla = fresh_vla(CFG, instructions())
         torch.manual_seed(0)
         trajs = EnvLoop(fleet, RolloutEngine(vla.policy, seed=1), vla, max_chunks=3).run(
             [TaskSpec("reach", 0, 1), TaskSpec("reach", 1, 2)], ["a", "b"], temperature=1.0)

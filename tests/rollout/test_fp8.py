@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from vla_scale.config import ConfigError, RolloutConfig
-from vla_scale.models import WordTokenizer, build_policy
+from vla_scale.models import WordTokenizer
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.fp8 import (
     E4M3_MAX,
@@ -27,6 +27,7 @@ from vla_scale.rollout.fp8 import (
     quantise_rows,
     quantise_weight,
 )
+from vla_scale.run_policy import build_policy
 from vla_scale.tensors.checksum import weights_checksum
 
 sys.path.insert(0, str(Path(__file__).parent))

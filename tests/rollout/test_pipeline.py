@@ -19,12 +19,12 @@ import torch
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import TaskSpec
-from vla_scale.models import PretrainedVLA
 from vla_scale.parallel.sim.cluster import start_ray
 from vla_scale.parallel.sim.fleet import SimFleet, SimWorker
 from vla_scale.parallel.sim.process import SimulatorError
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop
+from vla_scale.run_policy import fresh_vla
 
 CFG = ModelConfig(image_size=32, patch_size=16, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
                   intermediate_size=64, chunk_len=4)
@@ -33,7 +33,7 @@ CFG = ModelConfig(image_size=32, patch_size=16, vision_dim=32, hidden_size=32, n
 @pytest.fixture(scope="module")
 def parts():
     start_ray(num_cpus=2)
-    vla = PretrainedVLA.from_config(CFG, instructions())
+    vla = fresh_vla(CFG, instructions())
     torch.manual_seed(0)
     yield RolloutEngine(vla.policy, seed=0), vla
     ray.shutdown()

@@ -3,8 +3,8 @@ import pytest
 
 from vla_scale.config import EnvConfig, ModelConfig
 from vla_scale.datasets.episodes import Episode
-from vla_scale.models import PretrainedVLA
 from vla_scale.models.actions import ActionTokenizer, DatasetStats
+from vla_scale.run_policy import vla_for_env
 from vla_scale.sft.examples import SupervisedExamples, chunk_targets
 from vla_scale.sft.statistics import dataset_statistics
 
@@ -38,7 +38,7 @@ def test_examples_carry_the_policy_inputs_and_normalised_chunk_targets(head):
                       rng.normal(size=(5, 4)).astype(np.float32), rng.uniform(-1, 1, (5, 7)).astype(np.float32))
     stats = dataset_statistics([episode.actions], [episode.state])
     env = EnvConfig(name="pick_place", suite="pick_place", num_tasks=4)
-    vla = PretrainedVLA.for_env(ModelConfig(num_images=2, action_head=head, image_size=64, patch_size=16), env)
+    vla = vla_for_env(ModelConfig(num_images=2, action_head=head, image_size=64, patch_size=16), env)
     vla = vla.with_statistics("pick_place", stats)
     assert vla.convention == "env" and vla.cameras == ("agentview", "wrist")
     examples = SupervisedExamples.build([episode], vla.processor, vla.processor.stats, 8, head, 256)

@@ -18,7 +18,7 @@ from vla_scale.datasets.lerobot import LeRobotKeys, write_dataset
 from vla_scale.envs.pick_place import CAMERAS, PickPlaceEnv
 from vla_scale.envs.pick_place_demo import Demonstrator, play
 from vla_scale.envs.types import TaskSpec
-from vla_scale.models import PretrainedVLA
+from vla_scale.run_policy import vla_for_env
 from vla_scale.sft.statistics import dataset_statistics
 from vla_scale.sft.trainer import SftComplete, SupervisedTrainer
 
@@ -74,7 +74,7 @@ def test_the_loss_falls_and_the_checkpoint_is_a_policy_with_the_demonstrations_s
     want = dataset_statistics([e.actions for e in episodes], [e.state for e in episodes])
     assert saved["pick_place"]["action"]["q99"] == pytest.approx(want["action"]["q99"])
     cfg = _config(f"model.checkpoint={run}")
-    vla = PretrainedVLA.for_env(cfg.model, cfg.env)  # as launch/train.py and launch/eval.py load it
+    vla = vla_for_env(cfg.model, cfg.env)  # as launch/train.py and launch/eval.py load it
     assert vla.spec.unnorm_key == "pick_place" and vla.cameras == CAMERAS
     assert vla.spec.resolved_convention == "env"
 

@@ -5,8 +5,9 @@ import torch
 
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
-from vla_scale.models import WordTokenizer, build_policy
+from vla_scale.models import WordTokenizer
 from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.run_policy import build_policy
 from vla_scale.tensors.spans import end_to_end, span
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,

@@ -16,8 +16,6 @@ from vla_scale.config.checks import (
 )
 from vla_scale.config.command_line import MOVED_KEYS, explicit_keys, moved_key_error, moved_key_problems
 from vla_scale.config.schema import (
-    LORA_ALL_LINEAR,
-    LORA_TARGETS,
     PUBLISHED_INIT_STATES,
     AlgoConfig,
     Config,
@@ -40,7 +38,7 @@ from vla_scale.config.schema import (
 )
 
 __all__ = [
-    "BOUNDS", "CHOICES", "LORA_ALL_LINEAR", "LORA_TARGETS", "MOVED_KEYS", "PUBLISHED_INIT_STATES",
+    "BOUNDS", "CHOICES", "MOVED_KEYS", "PUBLISHED_INIT_STATES",
     "UPPER", "AlgoConfig", "Config", "ConfigError", "DeepSpeedConfig", "DemoConfig", "DisaggSimConfig",
     "EnvConfig", "LoraConfig", "ModelConfig", "ParallelConfig", "RecordConfig", "RolloutConfig", "SftConfig",
     "SyncConfig",

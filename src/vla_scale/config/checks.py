@@ -10,31 +10,33 @@ import os
 from typing import Any
 
 from vla_scale.config.schema import (
-    LORA_ALL_LINEAR,
-    LORA_TARGETS,
     Config,
     ConfigError,
     EnvConfig,
     LoraConfig,
     RecordConfig,
 )
+from vla_scale.datasets.lerobot_format import VERSIONS
 from vla_scale.envs.registry import SIMULATORS, simulator
 from vla_scale.envs.simulator import Simulator
+from vla_scale.models.lora import LORA_ALL_LINEAR, LORA_TARGETS
+from vla_scale.models.spec import ACTION_HEADS, ATTENTION_MODES, IMAGE_RESIZES
+from vla_scale.rollout.engine import PRECISIONS
 
 CHOICES: dict[str, tuple[Any, ...]] = {
     "algo.name": ("grpo",),
-    "model.attention": ("bidirectional", "causal"),
-    "model.action_head": ("auto", "tokens", "l1"),
+    "model.attention": ATTENTION_MODES,
+    "model.action_head": ("auto", *ACTION_HEADS),
     "env.eval_protocol": ("held_out", "published"),
-    "model.image_resize": ("bicubic", "jpeg_lanczos3"),
+    "model.image_resize": IMAGE_RESIZES,
     "deepspeed.zero_stage": (0, 1, 2, 3),
-    "rollout.precision": ("bf16", "fp8"),
+    "rollout.precision": PRECISIONS,
     "record.episodes": ("all", "successes"),
     "demo.label": ("executed", "intended"),
-    "record.version": ("v3.0", "v2.1"),
+    "record.version": VERSIONS,
 }
-"""Keys whose value must be one of a few names (the loss options, the LIBERO scene modes and env.name/env.suite are
-checked against the modules that define them)."""
+"""Keys whose value must be one of a few names, each list taken from the module whose code the names select (the loss
+options, the LIBERO scene modes and env.name/env.suite are checked against their modules further down)."""
 
 AT_LEAST_1, AT_LEAST_2, AT_LEAST_0 = (">= 1", 1, True), (">= 2", 2, True), (">= 0", 0, True)
 POSITIVE = ("> 0", 0, False)

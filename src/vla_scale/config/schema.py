@@ -21,13 +21,6 @@ class ConfigError(ValueError):
     """An impossible or unknown configuration; the message names the keys and the fix."""
 
 
-LORA_ALL_LINEAR = "all-linear"
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv", "proj", "fc1",
-                "fc2", "fc3")
-"""The linear layers LoRA can adapt, by last name: Llama's attention and MLP, the ViT blocks' attention and MLP, the
-projectors' layers (the LM head is never adapted: its action rows are what the loss reads)."""
-
-
 @dataclass
 class LoraConfig:
     rank: int = 0

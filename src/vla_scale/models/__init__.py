@@ -1,7 +1,7 @@
 """The OFT policy (native OpenVLA-OFT), its processor, its tokenizers and checkpoint loading."""
 
 from vla_scale.models.actions import ActionTokenizer, DatasetStats
-from vla_scale.models.policy import OFTPolicy, build_policy
+from vla_scale.models.policy import OFTPolicy
 from vla_scale.models.pretrained import CheckpointError, Prediction, PretrainedVLA
 from vla_scale.models.processor import ImageTransform, PolicyInputs, PreparedInputs, Processor
 from vla_scale.models.tokenizer import HFTokenizer, TextTokenizer, WordTokenizer
@@ -20,5 +20,4 @@ __all__ = [
     "Processor",
     "TextTokenizer",
     "WordTokenizer",
-    "build_policy",
 ]

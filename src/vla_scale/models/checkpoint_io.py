@@ -7,7 +7,7 @@ A folder holds `config.json` (OpenVLAConfig fields, plus our `vla_scale` section
 `dataset_statistics.json` and `preprocessor_config.json`. The official `.py` files that `trust_remote_code` would
 import are never needed.
 
-`read_spec` gives a folder's `OFTSpec`; `models/policy.build_policy` builds the policy of that spec without random
+`read_spec` gives a folder's `OFTSpec`; `OFTPolicy.from_spec` builds the policy of that spec without random
 init and `load_weights` copies the folder's tensors in. Under ZeRO-3 (`zero3_init=True`, built inside
 `deepspeed.zero.Init`) every tensor is copied into its gathered parameter on rank 0 and scattered from there.
 """

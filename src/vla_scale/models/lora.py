@@ -22,12 +22,17 @@ import contextlib
 import json
 import math
 import os
+from typing import Protocol
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from vla_scale.config import LORA_ALL_LINEAR, LoraConfig
+LORA_ALL_LINEAR = "all-linear"
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv", "proj", "fc1",
+                "fc2", "fc3")
+"""The linear layers adapters can go on, by last name: Llama's attention and MLP, the ViT blocks' attention and MLP,
+the projectors' layers (the LM head never: its action rows are what the loss reads)."""
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -36,6 +41,14 @@ NOT_ADAPTED = ("lm_head",)  # its action rows are what the loss reads: trained o
 FULLY_TRAINED = ("action_head", "action_noise")
 """Parts a LoRA run trains whole, never low-rank: the L1 head and its Gaussian's log-std (small; OpenVLA-OFT's LoRA
 fine-tuning trains its action head whole too)."""
+
+
+class AdapterShape(Protocol):
+    """What adapters are made with (the run's `model.lora`)."""
+
+    rank: int
+    alpha: float
+    target_modules: list[str]
 
 
 class LoRAFactor(nn.Module):
@@ -63,7 +76,7 @@ class LoRALinear(nn.Linear):
         return super().forward(x) + self.lora_B(self.lora_A(x)) * self.lora_scaling
 
 
-def scaling(lora: LoraConfig) -> float:
+def scaling(lora: AdapterShape) -> float:
     return lora.alpha / lora.rank
 
 
@@ -79,7 +92,7 @@ def targets(policy: nn.Module, names: list[str]) -> list[tuple[str, nn.Linear]]:
     return chosen
 
 
-def add_adapters(policy: nn.Module, lora: LoraConfig) -> list[str]:
+def add_adapters(policy: nn.Module, lora: AdapterShape) -> list[str]:
     """Give the layers `lora.target_modules` selects adapters of rank `lora.rank` and freeze every other parameter
     but the `FULLY_TRAINED` parts; returns the adapted layers' names. Under ZeRO-3 call it inside the `zero.Init` the
     policy was built in (its weights then are shards: the shapes come from `ds_shape`), so the adapters are built as
@@ -139,7 +152,7 @@ def served(bucket: list[tuple[str, Tensor]], scale: float) -> list[tuple[str, Te
     return out
 
 
-def write_adapters(folder: str, adapters: dict[str, Tensor], lora: LoraConfig, base: str = "") -> None:
+def write_adapters(folder: str, adapters: dict[str, Tensor], lora: AdapterShape, base: str = "") -> None:
     """The adapters alone, in PEFT's layout (module docstring); `adapters` by our parameter names."""
     os.makedirs(folder, exist_ok=True)
     tensors = {f"{PEFT_PREFIX}{name}": t.detach().cpu().contiguous() for name, t in adapters.items()}

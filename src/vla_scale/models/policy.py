@@ -28,16 +28,14 @@ from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from vla_scale.config import ModelConfig
 from vla_scale.models.action_heads import ActionLogStd, L1RegressionHead, distribution, executable
 from vla_scale.models.actions import ActionTokenizer, DatasetStats
 from vla_scale.models.checkpoint_io import load_weights, read_proprio_dim, read_spec, save_policy
 from vla_scale.models.processor import ImageTransform, PolicyInputs, Processor
-from vla_scale.models.spec import OFTSpec, spec_from_model_config
-from vla_scale.models.tokenizer import TextTokenizer
+from vla_scale.models.spec import OFTSpec
 from vla_scale.models.vision import VisionBackbone
 
-__all__ = ["OFTPolicy", "PolicyInputs", "Processor", "build_policy"]
+__all__ = ["OFTPolicy", "PolicyInputs", "Processor"]
 
 
 class Projector(nn.Module):
@@ -371,13 +369,3 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(previous)
-
-
-def build_policy(cfg: ModelConfig, tokenizer: TextTokenizer, zero3_init: bool = False) -> OFTPolicy:
-    """A fresh policy `cfg` describes for this tokenizer (seed the RNG first for a reproducible init): the policy of
-    `spec_from_model_config`. `zero3_init`: the caller builds it inside `deepspeed.zero.Init`. A checkpoint's
-    policy: `OFTPolicy.from_pretrained`; with its tokenizer and processor: `PretrainedVLA`."""
-    if cfg.checkpoint:
-        raise ValueError("build_policy builds a fresh policy; load model.checkpoint with OFTPolicy.from_pretrained")
-    return OFTPolicy.from_spec(spec_from_model_config(cfg, tokenizer.vocab_size, tokenizer.eos_id),
-                               zero3_init=zero3_init)

@@ -8,12 +8,11 @@ post-processing. `PretrainedVLA` reads all of them from one source and hands the
   preprocessing from preprocessor_config.json plus the official evaluation's resize and crop, the number of images
   from our `vla_scale` section or the robot platform its statistics name (OFT LIBERO: third-person + wrist), actions
   post-processed into the env's convention (the env's `Simulator.action_postprocess`: OpenVLA gripper -> LIBERO's).
-- `from_config(model_config, instructions)`: a fresh policy of our own, its spec made from the ModelConfig
-  (`spec_from_model_config`), with a word-level tokenizer of the suite's instructions; its actions are already in the
-  env's convention.
-- `for_env(model_config, env_config)`: what the trainer, `launch/eval.py` and the benchmarks call: one of the above
-  for that env, checked against it before anything starts (`check_env`): prompts that do not fit, images the env
-  does not render or renders at another resolution, action or proprio sizes, the statistics key.
+- `from_spec(spec, tokenizer, ...)`: a fresh policy of our own (its spec made from the run's `model.*` keys by
+  `run_policy.fresh_vla`, which also makes its word-level tokenizer of the suite's instructions); its actions are
+  already in the env's convention.
+- `check_env(env)`: every way the policy does not fit an env (`run_policy.vla_for_env` refuses them before
+  anything starts): images the env does not render or renders at another resolution, action or proprio sizes.
 
 The policy's weights are built from the spec and the weights' folder (none: a random init) by `OFTPolicy.from_spec`
 on first use of `.policy` (and again by `new_policy`, e.g. for the DeepSpeed actor under ZeRO-3), so the checks cost
@@ -25,14 +24,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from vla_scale.config import ConfigError, EnvConfig, ModelConfig
 from vla_scale.envs.registry import simulator
 from vla_scale.envs.types import Observation
 from vla_scale.models.action_heads import l1_head_shapes
@@ -47,18 +44,21 @@ from vla_scale.models.checkpoint_io import (
     proprio_projector_file,
     read_proprio_dim,
     read_spec,
-    step_folder,
     weight_files,
 )
 from vla_scale.models.policy import OFTPolicy
 from vla_scale.models.processor import PolicyInputs, Processor
-from vla_scale.models.spec import OFFICIAL_EVALUATION, OFTSpec, model_config_from_spec, spec_from_model_config
-from vla_scale.models.tokenizer import HFTokenizer, TextTokenizer, WordTokenizer, prompt_text
+from vla_scale.models.spec import OFFICIAL_EVALUATION, OFTSpec
+from vla_scale.models.tokenizer import HFTokenizer, TextTokenizer, prompt_text
 
-CHECKPOINT_OVERRIDES = ("checkpoint", "unnorm_key", "center_crop", "use_proprio", "num_images", "max_text_len",
-                        "action_head", "action_log_std_init")
-"""`model.*` keys applied on top of a checkpoint folder (the others describe a fresh policy, which a checkpoint
-replaces with its own); `model.lora.*` is not a field of the policy either."""
+
+class EnvKeys(Protocol):
+    """The env keys a policy is fitted to (the run's `env.*` group)."""
+
+    name: str
+    camera_resolution: int
+
+    def simulator_kwargs(self) -> dict[str, Any]: ...
 
 
 class CheckpointError(ValueError):
@@ -152,72 +152,12 @@ class PretrainedVLA:
         return cls(spec, tokenizer, processor, env, folder, weights=folder)
 
     @classmethod
-    def from_config(cls, model: ModelConfig, instructions: list[str], env: str = "reach") -> PretrainedVLA:
-        """A fresh policy `model` describes, with a word-level tokenizer of `instructions` (seed torch first for a
-        reproducible init, which happens on first use of `.policy` or `new_policy`)."""
-        if model.checkpoint:
-            raise ValueError("from_config builds a fresh policy; use from_pretrained for model.checkpoint")
-        tokenizer = WordTokenizer.from_instructions(instructions)
-        spec = spec_from_model_config(model, tokenizer.vocab_size, tokenizer.eos_id)
-        processor = _processor(spec, tokenizer, env, None, text_budget(tokenizer, instructions, model.max_text_len))
-        return cls(spec, tokenizer, processor, env, f"a fresh model={model.name}")
-
-    @classmethod
-    def for_env(cls, model: ModelConfig, env: EnvConfig, explicit: Collection[str] = ()) -> PretrainedVLA:
-        """The policy of a run on `env`: `model.checkpoint`'s, else a fresh one; raises ConfigError naming every
-        key that does not fit, before any simulator starts. `explicit`: the keys the command line set (`model.*`
-        ones a checkpoint contradicts are refused rather than silently replaced by the checkpoint's values)."""
-        instructions = simulator(env.name).instructions(env.suite)
-        if not model.checkpoint:
-            try:
-                vla = cls.from_config(model, instructions, env.name)
-            except ValueError as err:
-                raise ConfigError(f"model={model.name}: {err}") from err
-        else:
-            from vla_scale.models.hub import HubError, resolve_checkpoint
-
-            try:
-                folder = resolve_checkpoint(model.checkpoint)  # a hub id becomes its cached snapshot
-            except HubError as err:
-                raise ConfigError(str(err)) from err
-            try:
-                folder = step_folder(folder)  # a training run: its latest step folder
-                # the checkpoint decides its architecture (model.attention etc. describe fresh policies)
-                vla = cls.from_pretrained(folder, model.unnorm_key or None, model.center_crop,
-                                          use_proprio=model.use_proprio, num_images=model.num_images or None,
-                                          env=env.name,
-                                          suite=env.suite, max_text_len=model.max_text_len,
-                                          instructions=instructions, action_head=model.action_head,
-                                          log_std_init=model.action_log_std_init)
-            except (CheckpointError, FileNotFoundError, ValueError) as err:
-                raise ConfigError(f"model.checkpoint={model.checkpoint!r}: {err}") from err
-        if model.lora.path:
-            try:
-                vla = vla.with_adapters(model.lora.path)
-            except ValueError as err:
-                raise ConfigError(f"model.lora.path={model.lora.path!r}: {err}") from err
-        contradicted = vla.contradicted_keys(model, explicit) if model.checkpoint else []
-        problems = contradicted + vla.check_env(env)
-        if problems:
-            what = "the command line and the checkpoint disagree, or the policy does not fit the env" if contradicted \
-                else "the policy does not fit the env"
-            raise ConfigError(what + ":\n  - " + "\n  - ".join(problems))
-        return vla
-
-    def contradicted_keys(self, model: ModelConfig, explicit: Collection[str]) -> list[str]:
-        """One line per `model.*` key set in `explicit` whose value this checkpoint's policy does not have (keys in
-        `CHECKPOINT_OVERRIDES` are applied on top of a checkpoint, so they never contradict it)."""
-        resolved = self.model_config(model)
-        problems = []
-        for key in sorted(explicit):
-            name = key.removeprefix("model.")
-            if not key.startswith("model.") or name in CHECKPOINT_OVERRIDES or not hasattr(resolved, name):
-                continue
-            if getattr(resolved, name) != getattr(model, name):
-                problems.append(f"model.{name}={getattr(model, name)!r} but {self.source} has "
-                                f"{getattr(resolved, name)!r}: the checkpoint decides its architecture; drop "
-                                f"model.{name} (or load another checkpoint)")
-        return problems
+    def from_spec(cls, spec: OFTSpec, tokenizer: TextTokenizer, env: str, instructions: list[str],
+                  max_text_len: int, source: str) -> PretrainedVLA:
+        """A fresh policy of `spec` (weights drawn on first use of `.policy` or `new_policy`: seed torch first) with
+        `tokenizer`, its prompt budget checked against `instructions` (`text_budget`)."""
+        processor = _processor(spec, tokenizer, env, None, text_budget(tokenizer, instructions, max_text_len))
+        return cls(spec, tokenizer, processor, env, source)
 
     def with_adapters(self, folder: str) -> PretrainedVLA:
         """This source with a LoRA adapter folder (PEFT layout) merged into every policy it builds (`models/lora.py`);
@@ -298,23 +238,23 @@ class PretrainedVLA:
         return Prediction(tokens_np, actions, self.env_actions(actions))
 
     # ---- fitting the env -------------------------------------------------------------------------------------------
-    def camera_resolution(self, env: EnvConfig) -> int:
+    def camera_resolution(self, env: EnvKeys) -> int:
         """The side the env renders at: `env.camera_resolution`, or (0) the policy pipeline's (a checkpoint's
         official evaluation resolution, e.g. LIBERO's 256; else the towers' input size)."""
         return env.camera_resolution or self.spec.camera_resolution or self.spec.towers[0].image_size
 
-    def simulator_kwargs(self, env: EnvConfig) -> dict[str, Any]:
+    def simulator_kwargs(self, env: EnvKeys) -> dict[str, Any]:
         """The fleet's env kwargs for `env`: its own, rendered at `camera_resolution(env)`, and, where numpy can do
         it, the policy's image preparation made inside the simulator processes (`image_prep`; the env loop then
         takes the images as they come when it finds `image_prep` in the fleet's env kwargs)."""
         side = self.camera_resolution(env)
-        kwargs = replace(env, camera_resolution=side).simulator_kwargs()
+        kwargs = {**env.simulator_kwargs(), "camera_resolution": side}
         prep = self.processor.transform.simulator_prep(side, self.cameras)
         if prep is not None:
             kwargs["image_prep"] = asdict(prep)
         return kwargs
 
-    def check_env(self, env: EnvConfig) -> list[str]:
+    def check_env(self, env: EnvKeys) -> list[str]:
         """Every way the policy does not fit `env` (empty when it fits), each naming the key to change."""
         problems = []
         face = simulator(env.name)
@@ -335,7 +275,7 @@ class PretrainedVLA:
                             "for LIBERO) or model.use_proprio=false")
         return problems
 
-    def describe(self, env: EnvConfig | None = None) -> str:
+    def describe(self, env: EnvKeys | None = None) -> str:
         """One line saying what the policy takes and how its inputs and actions are made."""
         spec, side = self.spec, self.spec.towers[0].image_size
         rendered = self.camera_resolution(env) if env is not None else 0
@@ -350,12 +290,6 @@ class PretrainedVLA:
         return (f"{self.source}: images {'+'.join(self.cameras)} {render}{crop}; "
                 f"{proprio}; {budget} ({type(self.tokenizer).__name__}); {stats}; {head}; {self.convention} actions -> "
                 f"{self.env}")
-
-    def model_config(self, base: ModelConfig) -> ModelConfig:
-        """The ModelConfig describing this policy (the checkpoint's values over `base`; the prompt budget)."""
-        resolved = model_config_from_spec(self.spec, base)
-        return replace(resolved, max_text_len=self.max_text_len, use_proprio=self.spec.use_proprio and
-                       self.spec.proprio_dim > 0)
 
 
 # ---- helpers --------------------------------------------------------------------------------------------------------

@@ -221,7 +221,7 @@ class Processor:
     policy, in order (the first is the primary view). `stats`: the dataset statistics that normalise proprio
     (official checkpoints); None passes proprio through. `max_text_len`: prompt tokens after padding; every batch
     pads to it, so a row's input does not depend on the rest of its batch. 0 pads each batch to its longest prompt
-    (for one-off predictions; rollouts and updates use a fixed budget, `PretrainedVLA.for_env` sizes it from the
+    (for one-off predictions; rollouts and updates use a fixed budget, `run_policy.vla_for_env` sizes it from the
     suite). `for_spec` takes all but the cameras and the budget from a policy's spec.
     """
 

@@ -1,9 +1,9 @@
-"""What an OFT policy is, read from an OpenVLA `config.json` (official or written by us) or from a `ModelConfig`.
+"""What an OFT policy is: the `OFTSpec`, read from an OpenVLA `config.json` (official or written by us).
 
 An `OFTSpec` is all the model code reads, so every constant below comes from the spec, never from a literal in the
 model code. A checkpoint's spec is read from its `config.json` (`spec_from_openvla`), the single source of truth; a
-fresh policy's is made from its `ModelConfig` directly (`spec_from_model_config`), and `openvla_config` writes either
-back as the config.json that reads back to it. From a config.json:
+fresh policy's is made from the run's `model.*` keys above this package (`run_policy.spec_from_model_config`), and
+`openvla_config` writes either back as the config.json that reads back to it. From a config.json:
   * vocabulary and action tokens: `text_config.vocab_size` is padded by `pad_to_multiple_of`; the official code takes
     `text_vocab = text_config.vocab_size - pad_to_multiple_of` (32000 for Llama-2) and the action tokens are its last
     `n_action_bins` ids; the stop token is `text_config.eos_token_id`.
@@ -23,8 +23,7 @@ import copy
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vla_scale.config import ModelConfig
-from vla_scale.models.vision import HALF_MEAN_STD, ViTSpec, timm_vit_spec
+from vla_scale.models.vision import ViTSpec, timm_vit_spec
 
 LLAMA_DEFAULTS: dict[str, Any] = {
     "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
@@ -135,7 +134,8 @@ class OFTSpec:
         return self.action_convention or ("openvla" if self.norm_stats else "env")
 
 
-def _llm_kwargs(text_config: dict[str, Any], pad_token_id: int) -> dict[str, Any]:
+def llm_kwargs(text_config: dict[str, Any], pad_token_id: int) -> dict[str, Any]:
+    """The Llama fields of a `text_config`, with `LLAMA_DEFAULTS` for those it omits."""
     if text_config.get("model_type", "llama") != "llama":
         raise ValueError(f"only Llama backbones are supported, not {text_config.get('model_type')!r}")
     llm = {key: text_config.get(key, default) for key, default in LLAMA_DEFAULTS.items()}
@@ -144,7 +144,8 @@ def _llm_kwargs(text_config: dict[str, Any], pad_token_id: int) -> dict[str, Any
     return llm
 
 
-def _timm_ids(config: dict[str, Any]) -> list[str]:
+def timm_ids(config: dict[str, Any]) -> list[str]:
+    """The timm towers an OpenVLAConfig names (explicitly, or through `vision_backbone_id`)."""
     ids = config.get("timm_model_ids") or VISION_BACKBONES.get(config.get("vision_backbone_id", ""), ([],))[0]
     fused = config.get("use_fused_vision_backbone", len(ids) == 2)
     return list(ids if fused else ids[:1])
@@ -153,7 +154,7 @@ def _timm_ids(config: dict[str, Any]) -> list[str]:
 def _towers(config: dict[str, Any], ours: dict[str, Any]) -> list[ViTSpec]:
     if "vision_towers" in ours:
         return [ViTSpec.from_dict(t) for t in ours["vision_towers"]]
-    ids = _timm_ids(config)
+    ids = timm_ids(config)
     if not ids:
         raise ValueError("config.json names no vision towers (timm_model_ids / vision_backbone_id)")
     _, default_size, default_acts = VISION_BACKBONES.get(config.get("vision_backbone_id", ""), ([], 224, []))
@@ -190,7 +191,7 @@ def spec_from_openvla(config: dict[str, Any], proprio_dim: int | None = None, **
         constants[key] = value
     spec = OFTSpec(
         towers=_towers(config, ours),
-        llm=_llm_kwargs(config.get("text_config") or {}, int(config.get("pad_token_id", 32000))),
+        llm=llm_kwargs(config.get("text_config") or {}, int(config.get("pad_token_id", 32000))),
         pad_to_multiple_of=int(config.get("pad_to_multiple_of", 64)),
         n_bins=int(config.get("n_action_bins", 256)),
         proprio_dim=int(proprio_dim or 0),
@@ -201,11 +202,12 @@ def spec_from_openvla(config: dict[str, Any], proprio_dim: int | None = None, **
                                 "action_head", "log_std_init", "action_convention") if k in ours},
     )
     spec = replace(spec, **overrides)
-    _check(spec)
+    check_spec(spec)
     return spec
 
 
-def _check(spec: OFTSpec) -> None:
+def check_spec(spec: OFTSpec) -> None:
+    """A spec's enumerated fields are among their choices and its sizes agree, else ValueError."""
     if spec.attention not in ATTENTION_MODES:
         raise ValueError(f"attention={spec.attention!r}: choose one of {ATTENTION_MODES}")
     if spec.image_resize not in IMAGE_RESIZES:
@@ -243,82 +245,3 @@ def openvla_config(spec: OFTSpec) -> dict[str, Any]:
         "action_convention": spec.action_convention, "vision_towers": [t.to_dict() for t in spec.towers],
     }
     return config
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def tower_specs(cfg: ModelConfig) -> list[ViTSpec]:
-    """The towers `cfg` asks for: timm architectures, or one small ViT of our own.
-
-    Our own tower differs from the official featurizer on purpose (no class token, features after the last block
-    and the final norm): it is trained from scratch and every block it has is used."""
-    if cfg.timm_model_ids:
-        return [timm_vit_spec(t, cfg.image_size) for t in cfg.timm_model_ids]
-    return [ViTSpec(image_size=cfg.image_size, patch_size=cfg.patch_size, embed_dim=cfg.vision_dim,
-                    depth=cfg.vision_layers, num_heads=cfg.num_heads, class_token=False, feature_block=-1,
-                    norm_features=True, mean=HALF_MEAN_STD[0], std=HALF_MEAN_STD[1])]
-
-
-def spec_from_model_config(cfg: ModelConfig, text_vocab_size: int, eos_id: int) -> OFTSpec:
-    """The spec of a fresh policy described by `cfg` for a tokenizer of `text_vocab_size` ids ending prompts with
-    `eos_id`; its `raw` holds the official OpenVLAConfig fields that `openvla_config` saves beside the rest.
-
-    Vocabulary as OpenVLA lays it out: the action bins are the last `n_bins` ids of the text vocabulary (here
-    appended after the tokenizer's ids, rounded up to `pad_to_multiple_of`), followed by one block of
-    `pad_to_multiple_of` ids whose first is the pad token. `model.vocab_size` fixes the size instead (oft_7b: 32064).
-    """
-    m = cfg.pad_to_multiple_of
-    vocab = cfg.vocab_size or _round_up(text_vocab_size + cfg.n_bins, m) + m
-    if vocab - m - cfg.n_bins < text_vocab_size:
-        raise ValueError(f"model.vocab_size={vocab} leaves no room for {text_vocab_size} text ids and "
-                         f"{cfg.n_bins} action bins below the last {m} ids; raise it or set it to 0")
-    text_config = {"vocab_size": vocab, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-                   "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-                   "num_key_value_heads": cfg.num_heads, "pad_token_id": vocab - m, "eos_token_id": eos_id}
-    llm, raw = _llm_kwargs(text_config, vocab - m), _official_fields(cfg)
-    spec = OFTSpec(towers=tower_specs(cfg), llm=llm, pad_to_multiple_of=m, n_bins=cfg.n_bins,
-                   chunk_len=cfg.chunk_len, action_dim=cfg.action_dim,
-                   proprio_dim=cfg.proprio_dim if cfg.use_proprio else 0, normalization="bounds_q99",
-                   attention=cfg.attention, learned_action_queries=cfg.learned_action_queries,
-                   ordinal_bin_init=cfg.ordinal_bin_init, center_crop=bool(cfg.center_crop),
-                   unnorm_key=cfg.unnorm_key, num_images=cfg.num_images or 1, image_resize=cfg.image_resize,
-                   action_head="l1" if cfg.action_head == "l1" else "tokens", log_std_init=cfg.action_log_std_init,
-                   raw=raw)
-    _check(spec)
-    return spec
-
-
-def _official_fields(cfg: ModelConfig) -> dict[str, Any]:
-    """The OpenVLAConfig fields of a fresh policy; with official towers and Llama-2 sizes, those of OpenVLA-7B."""
-    fields: dict[str, Any] = {"model_type": "openvla", "architectures": ["OpenVLAForActionPrediction"],
-                              "timm_model_ids": list(cfg.timm_model_ids), "image_resize_strategy": "resize-naive"}
-    for backbone, (ids, size, acts) in VISION_BACKBONES.items():
-        if ids == list(cfg.timm_model_ids) and size == cfg.image_size:
-            fields.update(vision_backbone_id=backbone, timm_override_act_layers=acts,
-                          arch_specifier="no-align+fused-gelu-mlp" if len(ids) == 2 else "no-align+gelu-mlp")
-    if (cfg.hidden_size, cfg.num_layers) == (LLAMA_DEFAULTS["hidden_size"], LLAMA_DEFAULTS["num_hidden_layers"]):
-        fields.update(llm_backbone_id="llama2-7b-pure", hf_llm_id="meta-llama/Llama-2-7b-hf", llm_max_length=2048)
-    return fields
-
-
-def model_config_from_spec(spec: OFTSpec, base: ModelConfig | None = None) -> ModelConfig:
-    """The ModelConfig that describes `spec` (fields that do not apply keep `base`'s values)."""
-    base = base or ModelConfig()
-    tower = spec.towers[0]
-    timm_ids = _timm_ids(spec.raw)
-    return replace(
-        base, image_size=tower.image_size, patch_size=tower.patch_size,
-        vision_dim=base.vision_dim if timm_ids else tower.embed_dim,
-        vision_layers=base.vision_layers if timm_ids else tower.depth,
-        hidden_size=spec.llm["hidden_size"], num_layers=spec.llm["num_hidden_layers"],
-        num_heads=spec.llm["num_attention_heads"], intermediate_size=spec.llm["intermediate_size"],
-        chunk_len=spec.chunk_len, action_dim=spec.action_dim, n_bins=spec.n_bins,
-        use_proprio=spec.proprio_dim > 0 and spec.use_proprio, proprio_dim=spec.proprio_dim or base.proprio_dim,
-        learned_action_queries=spec.learned_action_queries, ordinal_bin_init=spec.ordinal_bin_init,
-        pad_to_multiple_of=spec.pad_to_multiple_of, attention=spec.attention, timm_model_ids=timm_ids,
-        vocab_size=spec.llm["vocab_size"], center_crop=spec.center_crop, unnorm_key=spec.unnorm_key,
-        num_images=spec.num_images, image_resize=spec.image_resize, action_head=spec.action_head,
-        action_log_std_init=spec.log_std_init,
-    )

@@ -26,6 +26,7 @@ from vla_scale.datasets.lerobot import DatasetError, LeRobotKeys, read_dataset
 from vla_scale.envs.registry import simulator
 from vla_scale.models import PretrainedVLA
 from vla_scale.run_log import RunLogger, progress
+from vla_scale.run_policy import vla_for_env
 from vla_scale.run_setup import init_distributed, make_deterministic, mean_over_ranks, resolved_config
 from vla_scale.sft.examples import SupervisedExamples, draw_batches
 from vla_scale.sft.statistics import dataset_statistics
@@ -92,7 +93,7 @@ class SupervisedTrainer:
         problems = sft_problems(cfg, self.world)
         if problems:
             raise ConfigError("cannot fine-tune:\n  - " + "\n  - ".join(problems))
-        vla = PretrainedVLA.for_env(cfg.model, cfg.env, explicit)
+        vla = vla_for_env(cfg.model, cfg.env, explicit)
         self.episodes = load_demonstrations(cfg, vla)
         stats = dataset_statistics([e.actions for e in self.episodes], [e.state for e in self.episodes])
         self.vla = vla.with_statistics(cfg.env.suite, stats)

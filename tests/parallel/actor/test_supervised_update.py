@@ -9,6 +9,7 @@ from vla_scale.config import DeepSpeedConfig, EnvConfig, ModelConfig, SftConfig
 from vla_scale.datasets.episodes import Episode
 from vla_scale.models import PretrainedVLA
 from vla_scale.parallel.actor import Actor
+from vla_scale.run_policy import vla_for_env
 from vla_scale.run_setup import init_distributed
 from vla_scale.sft.examples import SupervisedExamples
 from vla_scale.sft.statistics import dataset_statistics
@@ -20,7 +21,7 @@ def _setup(head: str) -> tuple[PretrainedVLA, SupervisedExamples]:
                       {c: rng.integers(0, 256, (6, 64, 64, 3), dtype=np.uint8) for c in ("agentview", "wrist")},
                       rng.normal(size=(6, 4)).astype(np.float32), rng.uniform(-1, 1, (6, 7)).astype(np.float32))
     env = EnvConfig(name="pick_place", suite="pick_place", num_tasks=4)
-    vla = PretrainedVLA.for_env(ModelConfig(num_images=2, action_head=head, patch_size=16), env)
+    vla = vla_for_env(ModelConfig(num_images=2, action_head=head, patch_size=16), env)
     vla = vla.with_statistics("pick_place", dataset_statistics([episode.actions], [episode.state]))
     return vla, SupervisedExamples.build([episode], vla.processor, vla.processor.stats, 8, head, 256)
 

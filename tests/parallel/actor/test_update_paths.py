@@ -14,10 +14,10 @@ from vla_scale.algo import clipped_policy_loss, logprob_mismatch, truncated_is_w
 from vla_scale.batches import MicroBatch, MiniBatch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
-from vla_scale.models import Processor, WordTokenizer, build_policy
-from vla_scale.models.spec import spec_from_model_config
+from vla_scale.models import Processor, WordTokenizer
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import gathered_buckets
+from vla_scale.run_policy import build_policy, spec_from_model_config
 from vla_scale.run_setup import init_distributed
 from vla_scale.tensors.checksum import weights_checksum
 

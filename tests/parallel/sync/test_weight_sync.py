@@ -7,10 +7,11 @@ import torch
 
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
-from vla_scale.models import WordTokenizer, build_policy
+from vla_scale.models import WordTokenizer
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import _end_to_end, gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
+from vla_scale.run_policy import build_policy
 from vla_scale.run_setup import init_distributed
 from vla_scale.tensors.checksum import weights_checksum
 
