@@ -141,10 +141,10 @@ def trainer_config(args: argparse.Namespace, substeps: int) -> Config:
         "deepspeed.trim_prompt_padding=true",
         "algo.max_resample_rounds=0", "algo.filter_low=0", "algo.filter_high=1",  # every group kept: fixed work
         "env=reach", "env.reach.max_delta=1e-9",  # the end effector stays put: no episode ends early, the same work
-        f"env.max_steps={args.max_steps}", "env.camera_resolution=0", f"env.num_workers={args.workers}",
-        f"env.sims_per_worker={args.sims}", f"rollout.pipeline_stage_num={args.stages}",
+        f"env.max_steps={args.max_steps}", "env.camera_resolution=0", f"parallel.num_workers={args.workers}",
+        f"parallel.sims_per_worker={args.sims}", f"rollout.pipeline_stage_num={args.stages}",
         f"rollout.precision={args.precision}",
-        f"env.reach.physics_substeps={substeps}", "env.step_timeout_s=600", "progress=false", "save_every=0",
+        f"env.reach.physics_substeps={substeps}", "parallel.step_timeout_s=600", "progress=false", "save_every=0",
         f"deepspeed={'zero3_bf16' if gpu else 'zero3'}",
         f"deepspeed.offload_states_during_rollout={str(moves).lower()}",
         f"deepspeed.release_engine_during_update={str(moves).lower()}",
@@ -367,7 +367,7 @@ def entropy_pass(trainer) -> float:
 def rollout_row(trainer, cfg: Config, sim_ms: float, substeps: int, way: str, stages: int) -> dict:
     """One rollout (`Trainer.collect`) on a fleet of its own: `way` ours (fast decode, `stages`) or anchors."""
     env = replace(cfg.env, reach=replace(cfg.env.reach, physics_substeps=substeps))
-    fleet = start_fleet(env, trainer.vla, trainer.fleet.size, stages)
+    fleet = start_fleet(env, cfg.parallel, trainer.vla, trainer.fleet.size, stages)
     try:
         boot = [s for s in trainer.sampler.draw(trainer.groups) for _ in range(cfg.algo.group_size)]
         fleet.send_reset(boot, np.ones(fleet.size, dtype=bool))  # simulators built and reset before the clock starts
@@ -564,7 +564,7 @@ def main() -> None:
                 trainer.ahead, trainer.pending = None, None
             ours_loop.cancel_prefetch()
             trainer.next_specs = None
-            trainer.fleet = start_fleet(cfg.env, trainer.vla, ours_fleet.size, stages=1)
+            trainer.fleet = start_fleet(cfg.env, cfg.parallel, trainer.vla, ours_fleet.size, stages=1)
             plain = MicroBatchedPlainDecode(trainer.engine)
             trainer.loop = SequentialLoop(trainer.fleet, plain, trainer.vla, trainer.max_chunks)  # type: ignore[arg-type]
             context = plain

@@ -65,7 +65,7 @@ def pipeline(args: argparse.Namespace, seed: int) -> dict[str, float]:
     out = Path(args.out) / f"seed_{seed}"
     if out.exists() and any(out.iterdir()):
         sys.exit(f"{out} is not empty: name another --out, or remove it")
-    small = ["env.num_eval_init_states=1", "env.max_steps=8", "env.num_workers=1", "env.sims_per_worker=2"] \
+    small = ["env.num_eval_init_states=1", "env.max_steps=8", "parallel.num_workers=1", "parallel.sims_per_worker=2"] \
         if args.dry_run else []
     rl = [*RL, "algo.batch_size=2", "algo.group_size=2", "algo.mini_batches=1"] if args.dry_run else RL
     task = ["env=pick_place", f"seed={seed}", "progress=false", *small]

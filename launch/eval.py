@@ -2,13 +2,12 @@
 
 Every task of the suite (ids 0..env.num_tasks-1) is played once from each EVAL init state (40-49 by default;
 `env.eval_protocol=published`: 0-49 in the official scenes with the suite's step limit, as LIBERO's published success
-rates are measured), with greedy decoding,
-in parallel over the simulator fleet (env.num_workers x env.sims_per_worker processes, one simulator each). Writes
-to the run directory `eval_<suite>.csv` and `eval_<suite>.md` (success per task and the total), `videos/` (the first
-env.eval_videos_per_task episodes of every task as MP4, default 1) and `tb/` (success rates and the videos). The last
-line printed is `eval: suite=<name> episodes=<n> success_rate=<r>`. With `record.path=DIR` the episodes played
-(`record.episodes=all` or `successes`) are also written to DIR as a LeRobot dataset, every env step of them, for
-launch/sft.py.
+rates are measured), with greedy decoding, in parallel over the simulator fleet (parallel.num_workers x
+parallel.sims_per_worker processes, one simulator each). Writes to the run directory `eval_<suite>.csv` and
+`eval_<suite>.md` (success per task and the total), `videos/` (the first env.eval_videos_per_task episodes of every
+task as MP4, default 1) and `tb/` (success rates and the videos). The last line printed is `eval: suite=<name>
+episodes=<n> success_rate=<r>`. With `record.path=DIR` the episodes played (`record.episodes=all` or `successes`) are
+also written to DIR as a LeRobot dataset, every env step of them, for launch/sft.py.
 
 model.checkpoint= the policy to evaluate: a run directory of launch/train.py (its latest checkpoint), one of its
 `checkpoints/step_<k>` folders, an OpenVLA-OFT folder or a hub id (README). Without it a freshly initialised policy is
@@ -108,9 +107,10 @@ def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) 
     protocol = protocol_line(e)
     print(f"evaluating {source} on {e.suite}: {len(specs)} episodes, run directory {run_dir}\n"
           f"policy: {vla.describe(e)}; {protocol}", flush=True)
-    start_ray_for(e, cfg.parallel)
+    start_ray_for(cfg.parallel)
     stages = cfg.rollout.pipeline_stage_num
-    fleet = start_fleet(e, vla, e.num_workers * e.sims_per_worker * stages, stages)  # one simulator per slot
+    p = cfg.parallel
+    fleet = start_fleet(e, p, vla, p.num_workers * p.sims_per_worker * stages, stages)  # one simulator per slot
     loop = EnvLoop(fleet, engine, vla, max_chunks(e, cfg.model.chunk_len))
     bar = progress(len(specs), 0, cfg.progress, f"eval {e.suite}")
     t0 = time.perf_counter()

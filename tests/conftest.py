@@ -30,7 +30,7 @@ TINY_MODEL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_l
 TINY_ALGO = ["algo.batch_size=2", "algo.group_size=4", "algo.mini_batches=1", "algo.max_resample_rounds=0",
              "algo.filter_low=0", "algo.filter_high=1"]
 """One small update a step, every group kept."""
-TINY_ENV = ["env.num_workers=1", "env.sims_per_worker=2", "env.num_eval_init_states=2"]
+TINY_ENV = ["parallel.num_workers=1", "parallel.sims_per_worker=2", "env.num_eval_init_states=2"]
 """Two simulators, two evaluation episodes per task."""
 TINY = [*TINY_MODEL, *TINY_ALGO, *TINY_ENV, "env.max_steps=16", "progress=false"]
 """Overrides that shrink the embedded default run to a few seconds a step."""

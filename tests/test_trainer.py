@@ -22,7 +22,7 @@ def test_setup_builds_the_policy_once_and_the_first_sync_fills_the_engine(tiny_c
     from vla_scale.tensors.checksum import weights_checksum
     from vla_scale.trainer import Trainer
 
-    trainer = Trainer(tiny_config("env.num_workers=1", "env.sims_per_worker=1"), str(tmp_path / "run"))
+    trainer = Trainer(tiny_config("parallel.num_workers=1", "parallel.sims_per_worker=1"), str(tmp_path / "run"))
     try:
         trainer.setup()
         assert trainer.vla._policy is None

@@ -210,7 +210,8 @@ class Trainer:
         self.memory = ColocatedMemory(self.actor, self.engine, cfg.deepspeed)
         self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
         self._start_ray()
-        self.fleet = start_fleet(cfg.env, self.vla, self.groups * cfg.algo.group_size, cfg.rollout.pipeline_stage_num)
+        self.fleet = start_fleet(cfg.env, cfg.parallel, self.vla, self.groups * cfg.algo.group_size,
+                                 cfg.rollout.pipeline_stage_num)
         self.stop.install()  # after Ray's driver installed its own SIGTERM handler
         self.loop = EnvLoop(self.fleet, self.engine, self.vla, self.max_chunks)
         if cfg.algo.max_staleness:
@@ -226,10 +227,10 @@ class Trainer:
     def _start_ray(self) -> None:
         """Rank 0 starts (or joins) Ray when the run `needs_ray`; the other ranks then join the same instance."""
         p = self.cfg.parallel
-        if not needs_ray(self.cfg.env, p):
+        if not needs_ray(p):
             return
         if self.rank == 0:
-            start_ray_for(self.cfg.env, p)
+            start_ray_for(p)
         if self.world > 1:
             dist.barrier()
             if self.rank > 0:

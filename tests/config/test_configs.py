@@ -74,7 +74,7 @@ def test_unknown_key_fails_at_load():
 
 
 BAD = [
-    (["algo.batch_size=3", "algo.group_size=3"], ["algo.batch_size*algo.group_size", "env.num_workers", "one of"]),
+    (["algo.batch_size=3", "algo.group_size=3"], ["algo.batch_size*algo.group_size", "parallel.num_workers", "one of"]),
     (["rollout.pipeline_stage_num=3"], ["= 64 must divide", "rollout.pipeline_stage_num", "1*2*2*3 = 12",
                                             "[1, 2, 4, 8, 16, 32, 64]"]),
     (["rollout.pipeline_stage_num=0"], ["rollout.pipeline_stage_num=0 must be >= 1"]),
@@ -114,7 +114,7 @@ def test_all_problems_reported_together():
 
 
 def test_world_size_enters_the_arithmetic():
-    cfg = load("algo.batch_size=2", "algo.group_size=2", "env.num_workers=1", "env.sims_per_worker=2",
+    cfg = load("algo.batch_size=2", "algo.group_size=2", "parallel.num_workers=1", "parallel.sims_per_worker=2",
                "algo.mini_batches=1")
     validate(cfg, world_size=1)
     with pytest.raises(ConfigError, match="ranks"):
@@ -151,9 +151,9 @@ def test_every_numeric_key_has_a_range_or_choices():
     assert [k for k in keys if k not in BOUNDS and k not in CHOICES] == []
 
 
-@pytest.mark.parametrize("key", ["env.num_workers", "env.sims_per_worker", "algo.mini_batches", "algo.micro_batches",
-                                 "model.patch_size", "model.num_heads", "sync.bucket_mb",
-                                 "deepspeed.prefetch_bucket_size", "env.step_timeout_s", "algo.lr", "steps"])
+@pytest.mark.parametrize("key", ["parallel.num_workers", "parallel.sims_per_worker", "algo.mini_batches",
+                                 "algo.micro_batches", "model.patch_size", "model.num_heads", "sync.bucket_mb",
+                                 "deepspeed.prefetch_bucket_size", "parallel.step_timeout_s", "algo.lr", "steps"])
 def test_a_zero_count_or_size_is_refused_by_name_without_dividing_by_it(key):
     cfg = load(f"{key}=0")
     with pytest.raises(ConfigError) as err:

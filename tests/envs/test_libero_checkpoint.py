@@ -19,7 +19,7 @@ FOLDER = Path(os.environ.get("VLA_SCALE_LIBERO_FIXTURE", ROOT.parent / "shared" 
                              / "oft_libero_pipeline")) / "checkpoint"
 pytestmark = pytest.mark.skipif(not (FOLDER / "config.json").exists(),
                                 reason=f"official OFT LIBERO checkpoint fixture not found at {FOLDER}")
-SHORT = ["env.max_steps=16", "env.num_workers=1", "env.sims_per_worker=2", "progress=false"]
+SHORT = ["env.max_steps=16", "parallel.num_workers=1", "parallel.sims_per_worker=2", "progress=false"]
 
 
 def run(script: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
     *TINY_MODEL, "algo.batch_size=1", "algo.group_size=2", "algo.mini_batches=1", "algo.micro_batches=1",
     "algo.max_resample_rounds=0", "algo.filter_low=0", "algo.filter_high=1", "env.num_tasks=1",
-    "env.num_eval_init_states=1", "env.max_steps=16", "env.num_workers=1", "env.sims_per_worker=2",
+    "env.num_eval_init_states=1", "env.max_steps=16", "parallel.num_workers=1", "parallel.sims_per_worker=2",
     "env.eval_videos_per_task=1", "progress=false",
 ]
 

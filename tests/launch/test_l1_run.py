@@ -40,7 +40,7 @@ def test_an_l1_run_resumes_bit_for_bit_and_evaluates(tmp_path: Path) -> None:
     last = load_file(str(whole / "checkpoints" / "step_3" / "model.safetensors"))["action_noise.log_std"]
     assert not torch.equal(first, torch.full((7,), -0.5)) and not torch.equal(first, last)  # one update, three
 
-    proc = run_script("eval", "env.num_workers=1", "env.num_eval_init_states=2", "progress=false",
+    proc = run_script("eval", "parallel.num_workers=1", "env.num_eval_init_states=2", "progress=false",
                       f"model.checkpoint={whole}", f"run_dir={tmp_path / 'eval'}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "action head l1" in proc.stdout and "eval: suite=reach" in proc.stdout

@@ -25,7 +25,7 @@ def test_simplevla_rl_loss_options_train(tmp_path):
         run = tmp_path / from_update
         train_ok("steps=2", "eval_every=10", "save_every=0", "algo.old_logprobs=recompute", "algo.tis_cap=2",
                  "algo.loss_agg=trajectory_mean", "algo.mini_batches=2", f"algo.old_logprobs_from_update={from_update}",
-                 f"env.sim_workers_in_trainer={in_trainer}", f"run_dir={run}")
+                 f"parallel.sim_workers_in_trainer={in_trainer}", f"run_dir={run}")
         runs[from_update] = read_scalars(str(run / "tb"))
     scalars = runs["true"]
     assert [s for s, _ in scalars["train/policy_loss"]] == [1, 2]

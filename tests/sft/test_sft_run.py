@@ -131,7 +131,7 @@ def test_launch_sft_output_loads_for_rl_and_eval_with_the_same_policy_line(tmp_p
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1].startswith("sft: steps=3 loss=")
     assert proc.stdout.strip().endswith(f"checkpoint={run / 'checkpoints' / 'step_3'}")
-    loaded = [*small[:2], f"model.checkpoint={run}", "env.num_workers=1", "env.sims_per_worker=2",
+    loaded = [*small[:2], f"model.checkpoint={run}", "parallel.num_workers=1", "parallel.sims_per_worker=2",
               "env.num_eval_init_states=1", "env.max_steps=8", "progress=false"]
     train = run_script("train", *loaded, "algo.batch_size=2", "algo.group_size=2", "algo.mini_batches=1",
                        "algo.micro_batches=1", "steps=1", "eval_every=10", "save_every=0", f"run_dir={tmp_path / 'rl'}")

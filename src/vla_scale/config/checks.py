@@ -53,13 +53,13 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     "rollout.pipeline_stage_num": AT_LEAST_1,
     "sync.bucket_mb": AT_LEAST_1,
     "sync.verify_every": AT_LEAST_1,
-    "env.disagg_sim.nnodes": AT_LEAST_1,
-    **{f"env.{k}": AT_LEAST_1 for k in ("num_tasks", "num_eval_init_states", "num_workers", "sims_per_worker",
-                                       "max_failures")},
+    "parallel.disagg_sim.nnodes": AT_LEAST_1,
+    **{f"parallel.{k}": AT_LEAST_1 for k in ("num_workers", "sims_per_worker", "max_failures")},
+    **{f"env.{k}": AT_LEAST_1 for k in ("num_tasks", "num_eval_init_states")},
     **{f"env.{k}": AT_LEAST_0 for k in ("num_train_init_states", "camera_resolution", "eval_videos_per_task",
                                        "max_steps")},
     **{f"env.{name}.{k}": bound for name, sim in SIMULATORS.items() for k, bound in sim.settings.BOUNDS.items()},
-    "env.step_timeout_s": POSITIVE,
+    "parallel.step_timeout_s": POSITIVE,
     **{f"algo.{k}": AT_LEAST_1 for k in ("batch_size", "mini_batches", "micro_batches")},
     "algo.group_size": AT_LEAST_2,
     **{f"algo.{k}": POSITIVE for k in ("temperature", "clip_low", "clip_high", "lr")},
@@ -134,11 +134,11 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
             f"model.num_heads={m.num_heads}"
         )
     problems += lora_problems(m.lora)
-    if e.disagg_sim.enable and not cfg.parallel.ray_address:
-        problems.append("env.disagg_sim.enable=true places simulators on the simulation nodes of a Ray cluster, but "
-                        "parallel.ray_address is empty (a local Ray has no simulation node): start the cluster "
-                        "(README, Pipelined and disaggregated rollouts) and pass parallel.ray_address=<head>:6379 "
-                        "or auto")
+    if cfg.parallel.disagg_sim.enable and not cfg.parallel.ray_address:
+        problems.append("parallel.disagg_sim.enable=true places simulators on the simulation nodes of a Ray "
+                        "cluster, but parallel.ray_address is empty (a local Ray has no simulation node): start the "
+                        "cluster (README, Pipelined and disaggregated rollouts) and pass "
+                        "parallel.ray_address=<head>:6379 or auto")
     if a.batch_size % world_size:
         problems.append(
             f"algo.batch_size={a.batch_size} must divide over the {world_size} ranks (whole groups per rank)"
@@ -168,13 +168,14 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
         problems.append(f"need 0 <= algo.filter_low ({a.filter_low}) <= algo.filter_high ({a.filter_high}) <= 1")
     episodes = a.batch_size * a.group_size
     stages = cfg.rollout.pipeline_stage_num
-    slots = world_size * e.num_workers * e.sims_per_worker * stages
-    if sound("env.num_workers", "env.sims_per_worker", "rollout.pipeline_stage_num") and episodes % slots:
+    p = cfg.parallel
+    slots = world_size * p.num_workers * p.sims_per_worker * stages
+    if sound("parallel.num_workers", "parallel.sims_per_worker", "rollout.pipeline_stage_num") and episodes % slots:
         good = [d for d in _divisors(episodes) if d % world_size == 0]
         problems.append(
             f"episodes per step algo.batch_size*algo.group_size = {a.batch_size}*{a.group_size} = {episodes} must "
-            f"divide over ranks*env.num_workers*env.sims_per_worker*rollout.pipeline_stage_num = {world_size}*"
-            f"{e.num_workers}*{e.sims_per_worker}*{stages} = {slots}; make that product one of {good}, "
+            "divide over ranks*parallel.num_workers*parallel.sims_per_worker*rollout.pipeline_stage_num = "
+            f"{world_size}*{p.num_workers}*{p.sims_per_worker}*{stages} = {slots}; make that product one of {good}, "
             "or change the batch"
         )
     filtering = a.filter_low > 0 or a.filter_high < 1  # else every group is kept

@@ -3,17 +3,22 @@ another key holds (Hydra would only call them unknown), and the dotted keys a co
 
 from __future__ import annotations
 
+PLACEMENT_KEYS = ("num_workers", "sims_per_worker", "step_timeout_s", "max_failures", "sim_workers_in_trainer",
+                  "disagg_sim", "disagg_sim.enable", "disagg_sim.nnodes")
+"""The simulators' placement, once `env.*`, now `parallel.*`."""
+
 MOVED_KEYS = {"env.max_delta": "env.reach.max_delta", "env.reach_physics_substeps": "env.reach.physics_substeps",
               "env.settle_steps": "env.libero.settle_steps", "env.libero_assets": "env.libero.assets",
               "env.libero_texture_max_side": "env.libero.texture_max_side", "env.libero_scenes": "env.libero.scenes",
               "checkpoint": "model.checkpoint",
               "env.rollout.pipeline_stage_num": "rollout.pipeline_stage_num",
               "env.rollout.precision": "rollout.precision",
-              "deepspeed.sync_bucket_mb": "sync.bucket_mb", "deepspeed.sync_verify_every": "sync.verify_every"}
+              "deepspeed.sync_bucket_mb": "sync.bucket_mb", "deepspeed.sync_verify_every": "sync.verify_every",
+              **{f"env.{key}": f"parallel.{key}" for key in PLACEMENT_KEYS}}
 """{key the schema lacks: the key that holds its setting}: a simulator's settings live in its own group
 (`env.reach.*`, `env.libero.*`); every policy, a training run's step folders included, is loaded through
-model.checkpoint; the rollout engine's settings are `rollout.*` and the weight sync's `sync.*`, as the packages
-they configure."""
+model.checkpoint; the rollout engine's settings are `rollout.*`, the weight sync's `sync.*` and the simulators'
+placement `parallel.*`, as the packages they configure."""
 
 
 def moved_key_error(overrides: list[str]) -> str | None:
@@ -34,7 +39,7 @@ def moved_key_problems(overrides: list[str]) -> list[str]:
         elif key.startswith("trainer."):
             problems.append(f"{key}: the trainer group (trainer.nnodes, trainer.n_rollout_gpus_per_node, "
                             "trainer.n_env_gpus_per_node) is not part of the configuration (the launcher sets the "
-                            "ranks, env.* places the simulators); drop it")
+                            "ranks, parallel.* places the simulators); drop it")
     return problems
 
 

@@ -32,7 +32,7 @@ def config_markdown() -> str:
     """docs/CONFIG.md: every field with its type, default and meaning."""
     simulators = {sim.settings.__name__: f"env.{name}" for name, sim in SIMULATORS.items()}
     sections = {"Config": "top level", "ModelConfig": "model", "LoraConfig": "model.lora", "EnvConfig": "env",
-                "DisaggSimConfig": "env.disagg_sim", **simulators,
+                "DisaggSimConfig": "parallel.disagg_sim", **simulators,
                 "AlgoConfig": "algo", "ParallelConfig": "parallel", "DeepSpeedConfig": "deepspeed",
                 "RolloutConfig": "rollout", "SyncConfig": "sync", "SftConfig": "sft",
                 "RecordConfig": "record", "DemoConfig": "demo"}

@@ -177,20 +177,6 @@ class EnvConfig:
     the official scenes, the suite's OpenVLA-OFT step limit)."""
     eval_videos_per_task: int = 0
     """Evaluation episodes per task saved as MP4 in the run directory and logged to TensorBoard (0: none)."""
-    num_workers: int = 2
-    """Sim workers (per trainer rank)."""
-    sims_per_worker: int = 2
-    """Simulator subprocesses per sim worker."""
-    step_timeout_s: float = 60.0
-    """Deadline for one simulator call (reset or one chunk)."""
-    max_failures: int = 3
-    """A simulator process that fails this many times in a row stops the run (each failure restarts it)."""
-    sim_workers_in_trainer: bool = True
-    """Colocated mode only: run the sim workers inside the trainer process, so a pipeline-stage hand-over is a pipe
-    write and read to the simulator processes with no Ray call (false: Ray actors; disaggregated mode always uses
-    Ray actors on the simulation nodes)."""
-    disagg_sim: DisaggSimConfig = field(default_factory=DisaggSimConfig)
-    """Simulators on separate nodes (disaggregated mode)."""
 
     def simulator(self) -> Any:
         """The settings of the simulator `name` names (its field of the same name, `env.<name>.*`)."""
@@ -273,6 +259,20 @@ class ParallelConfig:
     """Start Ray's dashboard (bound to 127.0.0.1)."""
     ray_num_cpus: int = 0
     """CPUs a local Ray advertises (0: all of this machine's)."""
+    num_workers: int = 2
+    """Sim workers (per trainer rank)."""
+    sims_per_worker: int = 2
+    """Simulator subprocesses per sim worker."""
+    step_timeout_s: float = 60.0
+    """Deadline for one simulator call (reset or one chunk)."""
+    max_failures: int = 3
+    """A simulator process that fails this many times in a row stops the run (each failure restarts it)."""
+    sim_workers_in_trainer: bool = True
+    """Colocated mode only: run the sim workers inside the trainer process, so a pipeline-stage hand-over is a pipe
+    write and read to the simulator processes with no Ray call (false: Ray actors; disaggregated mode always uses
+    Ray actors on the simulation nodes)."""
+    disagg_sim: DisaggSimConfig = field(default_factory=DisaggSimConfig)
+    """Simulators on separate nodes (disaggregated mode)."""
 
 
 @dataclass

@@ -22,40 +22,40 @@ if TYPE_CHECKING:
     from tqdm import tqdm
 
 
-def needs_ray(env: EnvConfig, parallel: ParallelConfig) -> bool:
+def needs_ray(parallel: ParallelConfig) -> bool:
     """Whether anything of the run lives on Ray: sim workers as Ray actors (disaggregated mode, or
-    env.sim_workers_in_trainer=false), a cluster to join, or the dashboard asked for. Colocated sim workers in the
+    parallel.sim_workers_in_trainer=false), a cluster to join, or the dashboard asked for. Colocated sim workers in the
     trainer's process need none, so a run starts without Ray's processes (seconds and a few hundred MiB)."""
-    return bool(parallel.ray_address or parallel.ray_dashboard or env.disagg_sim.enable
-                or not env.sim_workers_in_trainer)
+    return bool(parallel.ray_address or parallel.ray_dashboard or parallel.disagg_sim.enable
+                or not parallel.sim_workers_in_trainer)
 
 
-def start_ray_for(env: EnvConfig, parallel: ParallelConfig) -> bool:
+def start_ray_for(parallel: ParallelConfig) -> bool:
     """Join `parallel.ray_address`, or start a local Ray as the config says, when the run `needs_ray`; returns
     whether Ray runs."""
-    if not needs_ray(env, parallel):
+    if not needs_ray(parallel):
         return False
     start_ray(parallel.ray_address, parallel.ray_dashboard, parallel.ray_num_cpus)
     return True
 
 
-def start_fleet(env: EnvConfig, vla: PretrainedVLA, size: int, stages: int = 1) -> SimFleet:
+def start_fleet(env: EnvConfig, parallel: ParallelConfig, vla: PretrainedVLA, size: int, stages: int = 1) -> SimFleet:
     """`size` simulators of `env` in `stages` pipeline stages (`rollout.pipeline_stage_num`), built with what `vla`
-    needs from them (`PretrainedVLA.simulator_kwargs`), placed as `env` says, rendering on the EGL device of this
+    needs from them (`PretrainedVLA.simulator_kwargs`), placed as `parallel` says, rendering on the EGL device of this
     rank's GPU (`parallel/sim/render_device.py`); in disaggregated mode the simulation nodes must be there first."""
-    disagg = env.disagg_sim
+    disagg = parallel.disagg_sim
     found = sim_node_count() if disagg.enable else 0
     if disagg.enable and found < disagg.nnodes:
         raise RuntimeError(
-            f"env.disagg_sim.enable=true expects {disagg.nnodes} simulation node(s) offering the 'sim' resource, "
+            f"parallel.disagg_sim.enable=true expects {disagg.nnodes} simulation node(s) offering the 'sim' resource, "
             f"the Ray cluster has {found}: start them with `ray start --address=<head>:6379 "
-            "--resources='{\"sim\": 1}'` or lower env.disagg_sim.nnodes"
+            "--resources='{\"sim\": 1}'` or lower parallel.disagg_sim.nnodes"
         )
     # simulators of this node render on this rank's GPU; those of simulation nodes on their own
     here = torch.cuda.current_device() if torch.cuda.is_available() and not disagg.enable else None
-    return SimFleet(env.name, vla.simulator_kwargs(env), size, env.num_workers, env.sims_per_worker,
-                    env.step_timeout_s, stages=stages, max_failures=env.max_failures,
-                    sim_resource=disagg.enable, in_process=env.sim_workers_in_trainer,
+    return SimFleet(env.name, vla.simulator_kwargs(env), size, parallel.num_workers, parallel.sims_per_worker,
+                    parallel.step_timeout_s, stages=stages, max_failures=parallel.max_failures,
+                    sim_resource=disagg.enable, in_process=parallel.sim_workers_in_trainer,
                     environment=render_environment(here))
 
 

@@ -19,7 +19,7 @@ def cluster(monkeypatch):
 
 @pytest.mark.slow
 def test_sim_workers_land_on_the_sim_node_and_a_run_completes(cluster, tiny_config, tmp_path):
-    cfg = tiny_config("env.disagg_sim.enable=true", "env.disagg_sim.nnodes=1",
+    cfg = tiny_config("parallel.disagg_sim.enable=true", "parallel.disagg_sim.nnodes=1",
                       f"parallel.ray_address={cluster.address}", "steps=3", "eval_every=100",
                       "rollout.pipeline_stage_num=2")
     with pytest.raises(RuntimeError, match="expects 1 simulation node"):
@@ -54,7 +54,7 @@ def test_a_simulation_node_lost_mid_rollout_stops_with_one_error_after_saving(cl
 
     nodes = [cluster.add_node(num_cpus=1, resources={"sim": 1}) for _ in range(2)]
     cluster.wait_for_nodes()
-    cfg = tiny_config("env.disagg_sim.enable=true", "env.disagg_sim.nnodes=2",
+    cfg = tiny_config("parallel.disagg_sim.enable=true", "parallel.disagg_sim.nnodes=2",
                       f"parallel.ray_address={cluster.address}", "steps=60", "eval_every=100", "save_every=0")
     run = tmp_path / "run"
     trainer = Trainer(cfg, str(run))

@@ -1,6 +1,6 @@
 """The simulator fleet: sim workers, each running its simulators in subprocesses, answering per pipeline stage.
 
-Layout: a trainer rank drives `env.num_workers` sim workers (`SimWorker`); each runs `env.sims_per_worker`
+Layout: a trainer rank drives `parallel.num_workers` sim workers (`SimWorker`); each runs `parallel.sims_per_worker`
 `SimProcess`es; each process hosts `slots` simulators. Fleet slot f lives in worker f // per_worker, process
 (f % per_worker) // slots, local slot f % slots. With S pipeline stages every process hosts slots of every stage:
 local slots [s*m, (s+1)*m), m = slots / S, belong to stage s, so each stage keeps every process busy.
