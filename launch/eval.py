@@ -47,10 +47,12 @@ from vla_scale.config import (  # noqa: E402
     to_config,
     validate,
 )
+from vla_scale.launcher import hydra_argv  # noqa: E402
 
 register_configs()
 if moved := moved_key_error(sys.argv[1:]):
     sys.exit(moved)
+sys.argv = hydra_argv(sys.argv)  # run_dir=X is Hydra's directory too: its record goes there, not to runs/<time>
 
 
 def success_table(suite: str, instructions: list[str], results: dict[int, list[bool]]) -> list[list[str]]:

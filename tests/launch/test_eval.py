@@ -52,6 +52,7 @@ def test_smoke_run_writes_tables_videos_and_the_last_line(tmp_path: Path) -> Non
     assert "| **total** | **reach** | **6** |" in (tmp_path / "eval_reach.md").read_text()
     assert len(list((tmp_path / "videos").glob("task_*_init_40_*.mp4"))) == 3
     assert read_scalars(str(tmp_path / "tb"))["eval/success_rate"][0][1] == pytest.approx(rate, abs=1e-3)
+    assert (tmp_path / ".hydra" / "overrides.yaml").is_file()  # Hydra's record in run_dir, not in runs/<time>
 
 
 @pytest.mark.slow
