@@ -36,6 +36,12 @@ def _init_alone(init: Callable[[], None], attempts: int = 5) -> None:
                 raise
 
 
+def launched_world_size() -> int:
+    """The world size `init_distributed` will join: the launcher's `WORLD_SIZE`, else 1 (known before the process
+    group exists, so a run's checks need none)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def init_distributed() -> tuple[int, int]:
     """Join (or, without a launcher, create) the process group; returns (rank, world size)."""
     if not dist.is_initialized():

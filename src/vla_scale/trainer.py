@@ -51,7 +51,13 @@ from vla_scale.rollout.sampler import TaskSampler, eval_specs
 from vla_scale.rollout.stack import max_chunks, needs_ray, play_eval, start_fleet, start_ray_for
 from vla_scale.run_log import RunLogger, progress
 from vla_scale.run_policy import vla_for_env
-from vla_scale.run_setup import init_distributed, make_deterministic, mean_over_ranks, resolved_config
+from vla_scale.run_setup import (
+    init_distributed,
+    launched_world_size,
+    make_deterministic,
+    mean_over_ranks,
+    resolved_config,
+)
 from vla_scale.stop_signals import Preempted, StopSignals
 
 
@@ -152,32 +158,26 @@ class RunComplete(Exception):
 
 class Trainer:
     def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = ()):
-        """Joins the process group (`init_distributed`) and checks, starting nothing else: the configuration, the Ray
-        address, the policy against the env and the `explicit` keys of the command line (`run_policy.vla_for_env`), a
-        resumed run against its checkpoint."""
+        """Checks, starting nothing but the process group (`init_distributed`, after the checks that need none): the
+        configuration, the Ray address, the policy against the env and the `explicit` keys of the command line
+        (`run_policy.vla_for_env`), a resumed run against its checkpoint, FP8 on this rank's device."""
         if cfg.deterministic:
             make_deterministic()
-        self.rank, self.world = init_distributed()
+        self.world = launched_world_size()
         validate(cfg, self.world)
         unreachable = ray_address_problem(cfg.parallel.ray_address)
         if unreachable:
             raise ConfigError(unreachable)
-        here = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        no_fp8 = fp8_problem(here) if cfg.rollout.precision == "fp8" else None
-        if no_fp8:
-            raise ConfigError(no_fp8)
         # policy, tokenizer, processor and action post-processing from one source, checked against the env
         self.vla = vla_for_env(cfg.model, cfg.env, explicit)
         self.cfg = cfg = resolved_config(cfg, self.vla)
         self.run_dir = run_dir
-        if cfg.resume:  # before anything starts: the run must be resumable with this configuration
-            problems = checkpoint.resume_problems(run_dir, self.run_groups(), self.world)
-            if problems:
-                raise ConfigError("cannot resume " + run_dir + ":\n  - " + "\n  - ".join(problems))
-            done = checkpoint.latest_step(run_dir)
-            if done is not None and done >= cfg.steps:
-                raise RunComplete(f"{run_dir} is already at step {done} (steps={cfg.steps}): nothing to train, "
-                                  f"no file touched; pass steps=<more than {done}> to continue it")
+        self._check_resume()
+        self.rank, self.world = init_distributed()
+        here = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        no_fp8 = fp8_problem(here) if cfg.rollout.precision == "fp8" else None
+        if no_fp8:
+            raise ConfigError(no_fp8)
         self.max_chunks = max_chunks(cfg.env, cfg.model.chunk_len)
         self.schedule = Schedule(cfg.steps, cfg.eval_every, cfg.save_every)
         self.tokenizer, self.processor = self.vla.tokenizer, self.vla.processor
@@ -191,6 +191,19 @@ class Trainer:
         self.ahead_urgent = True  # the rollout ahead's decodes go first until the update proves the longer phase
         self.stop = StopSignals()
         self.ready = False
+
+    def _check_resume(self) -> None:
+        """A resumed run must be resumable with this configuration, and not already at `steps`."""
+        cfg, run_dir = self.cfg, self.run_dir
+        if not cfg.resume:
+            return
+        problems = checkpoint.resume_problems(run_dir, self.run_groups(), self.world)
+        if problems:
+            raise ConfigError("cannot resume " + run_dir + ":\n  - " + "\n  - ".join(problems))
+        done = checkpoint.latest_step(run_dir)
+        if done is not None and done >= cfg.steps:
+            raise RunComplete(f"{run_dir} is already at step {done} (steps={cfg.steps}): nothing to train, "
+                              f"no file touched; pass steps=<more than {done}> to continue it")
 
     def run_groups(self) -> dict:
         """The config groups a checkpoint records and a resume must match."""

@@ -4,7 +4,6 @@ off the command line before Hydra (`command_line.py`) and docs/CONFIG.md's gener
 
 from vla_scale.config.checks import (
     BOUNDS,
-    CHOICES,
     UPPER,
     lora_problems,
     published_protocol_problems,
@@ -38,7 +37,7 @@ from vla_scale.config.schema import (
 )
 
 __all__ = [
-    "BOUNDS", "CHOICES", "MOVED_KEYS", "PUBLISHED_INIT_STATES",
+    "BOUNDS", "MOVED_KEYS", "PUBLISHED_INIT_STATES",
     "UPPER", "AlgoConfig", "Config", "ConfigError", "DeepSpeedConfig", "DemoConfig", "DisaggSimConfig",
     "EnvConfig", "LoraConfig", "ModelConfig", "ParallelConfig", "RecordConfig", "RolloutConfig", "SftConfig",
     "SyncConfig",

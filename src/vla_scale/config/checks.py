@@ -1,6 +1,6 @@
 """The configuration's checks: `validate()` raises one `ConfigError` listing every problem with the keys involved
 and a suggested fix, before any compute is spent: every numeric key's range (`BOUNDS`, `UPPER`), the names
-(`CHOICES`, and the modules that define the others), the arithmetic between groups and each simulator's start-up
+(`choices`, and the modules that define the others), the arithmetic between groups and each simulator's start-up
 checks (`EnvConfig.startup_problems`).
 """
 
@@ -16,27 +16,30 @@ from vla_scale.config.schema import (
     LoraConfig,
     RecordConfig,
 )
-from vla_scale.datasets.lerobot_format import VERSIONS
 from vla_scale.envs.registry import SIMULATORS, simulator
 from vla_scale.envs.simulator import Simulator
-from vla_scale.models.lora import LORA_ALL_LINEAR, LORA_TARGETS
-from vla_scale.models.spec import ACTION_HEADS, ATTENTION_MODES, IMAGE_RESIZES
-from vla_scale.rollout.engine import PRECISIONS
 
-CHOICES: dict[str, tuple[Any, ...]] = {
-    "algo.name": ("grpo",),
-    "model.attention": ATTENTION_MODES,
-    "model.action_head": ("auto", *ACTION_HEADS),
-    "env.eval_protocol": ("held_out", "published"),
-    "model.image_resize": IMAGE_RESIZES,
-    "deepspeed.zero_stage": (0, 1, 2, 3),
-    "rollout.precision": PRECISIONS,
-    "record.episodes": ("all", "successes"),
-    "demo.label": ("executed", "intended"),
-    "record.version": VERSIONS,
-}
-"""Keys whose value must be one of a few names, each list taken from the module whose code the names select (the loss
-options, the LIBERO scene modes and env.name/env.suite are checked against their modules further down)."""
+
+def choices() -> dict[str, tuple[Any, ...]]:
+    """Keys whose value must be one of a few names, each list taken from the module whose code the names select (the
+    loss options, the LIBERO scene modes and env.name/env.suite are checked against their modules further down).
+    Imported when the check runs, so that reading the configuration (and refusing a moved key) imports no torch."""
+    from vla_scale.datasets.lerobot_format import VERSIONS
+    from vla_scale.models.spec import ACTION_HEADS, ATTENTION_MODES, IMAGE_RESIZES
+    from vla_scale.rollout.fp8 import PRECISIONS
+
+    return {
+        "algo.name": ("grpo",),
+        "model.attention": ATTENTION_MODES,
+        "model.action_head": ("auto", *ACTION_HEADS),
+        "env.eval_protocol": ("held_out", "published"),
+        "model.image_resize": IMAGE_RESIZES,
+        "deepspeed.zero_stage": (0, 1, 2, 3),
+        "rollout.precision": PRECISIONS,
+        "record.episodes": ("all", "successes"),
+        "demo.label": ("executed", "intended"),
+        "record.version": VERSIONS,
+    }
 
 AT_LEAST_1, AT_LEAST_2, AT_LEAST_0 = (">= 1", 1, True), (">= 2", 2, True), (">= 0", 0, True)
 POSITIVE = ("> 0", 0, False)
@@ -95,7 +98,7 @@ def value_at(cfg: Any, key: str) -> Any:
 
 
 def range_problems(cfg: Config) -> dict[str, str]:
-    """{key: what is wrong and the fix} for every value outside its range (BOUNDS, UPPER) or its names (CHOICES)."""
+    """{key: what is wrong and the fix} for every value outside its range (BOUNDS, UPPER) or its names (`choices`)."""
     problems: dict[str, str] = {}
     for key, (phrase, limit, inclusive) in BOUNDS.items():
         value = value_at(cfg, key)
@@ -105,7 +108,7 @@ def range_problems(cfg: Config) -> dict[str, str]:
         value = value_at(cfg, key)
         if value > top or (value == top and not inclusive):
             problems[key] = f"{key}={value} must be {'<=' if inclusive else '<'} {top}"
-    for key, names in CHOICES.items():
+    for key, names in choices().items():
         if value_at(cfg, key) not in names:
             problems[key] = f"{key}={value_at(cfg, key)!r}: choose one of {list(names)}"
     return problems
@@ -270,6 +273,8 @@ def published_protocol_problems(env: EnvConfig) -> list[str]:
 
 def lora_problems(lora: LoraConfig) -> list[str]:
     """`model.lora.*` settings that cannot work, one line each."""
+    from vla_scale.models.lora import LORA_ALL_LINEAR, LORA_TARGETS
+
     problems = []
     unknown = [name for name in lora.target_modules if name not in (LORA_ALL_LINEAR, *LORA_TARGETS)]
     if unknown:

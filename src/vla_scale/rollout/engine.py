@@ -39,11 +39,9 @@ from torch import Tensor
 
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.rollout.fast_forward import FastForward
-from vla_scale.rollout.fp8 import Fp8Weights, fp8_problem
+from vla_scale.rollout.fp8 import PRECISIONS, Fp8Weights, fp8_problem
 from vla_scale.tensors.checksum import weights_checksum
 from vla_scale.tensors.spans import span
-
-PRECISIONS = ("bf16", "fp8")
 
 
 @dataclass

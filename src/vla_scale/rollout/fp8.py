@@ -22,6 +22,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+PRECISIONS = ("bf16", "fp8")
+"""The rollout engine's weight precisions (`rollout.precision`): its own dtype (bf16 on the GPU), or FP8 weights with
+per-channel scales (this module)."""
+
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # the largest finite e4m3 value
 MIN_SCALE = 1e-12  # an all-zero row keeps a finite scale and quantises to zeros

@@ -27,7 +27,13 @@ from vla_scale.envs.registry import simulator
 from vla_scale.models import PretrainedVLA
 from vla_scale.run_log import RunLogger, progress
 from vla_scale.run_policy import vla_for_env
-from vla_scale.run_setup import init_distributed, make_deterministic, mean_over_ranks, resolved_config
+from vla_scale.run_setup import (
+    init_distributed,
+    launched_world_size,
+    make_deterministic,
+    mean_over_ranks,
+    resolved_config,
+)
 from vla_scale.sft.examples import SupervisedExamples, draw_batches
 from vla_scale.sft.statistics import dataset_statistics
 from vla_scale.stop_signals import Preempted, StopSignals
@@ -84,11 +90,11 @@ def load_demonstrations(cfg: Config, vla: PretrainedVLA) -> list[Episode]:
 
 class SupervisedTrainer:
     def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = ()):
-        """Joins the process group and checks everything before any weight is built: the configuration, the policy
+        """Checks everything before any weight is built, then joins the process group: the configuration, the policy
         against the env, the dataset (`load_demonstrations`), a resumed run against its checkpoint."""
         if cfg.deterministic:
             make_deterministic()
-        self.rank, self.world = init_distributed()
+        self.world = launched_world_size()
         validate(cfg, self.world)
         problems = sft_problems(cfg, self.world)
         if problems:
@@ -107,6 +113,7 @@ class SupervisedTrainer:
             if done is not None and done >= cfg.sft.steps:
                 raise SftComplete(f"{run_dir} is already at step {done} (sft.steps={cfg.sft.steps}): nothing to "
                                   f"train, no file touched; pass sft.steps=<more than {done}> to continue it")
+        self.rank, self.world = init_distributed()
         self.step = 0
         self.generator = np.random.default_rng(cfg.seed)
         self.stop = StopSignals()

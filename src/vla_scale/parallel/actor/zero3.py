@@ -13,9 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import deepspeed
 import torch
-from deepspeed.utils import set_z3_leaf_modules
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from vla_scale.algo import clipped_policy_loss, logprob_mismatch, supervised_loss, truncated_is_weights
@@ -123,6 +121,9 @@ class Actor:
                  lora: LoraConfig | None = None):
         """`build(zero3_init)` constructs the policy; it is called inside `deepspeed.zero.Init` for ZeRO-3. With
         `lora.rank` > 0 the policy gets adapters and only they train (`models/lora.py`)."""
+        import deepspeed  # seconds to import: only when an actor is built, after every check of the run
+        from deepspeed.utils import set_z3_leaf_modules
+
         self.ds_config = deepspeed_config(ds, algo)
         adapt = lora is not None and lora.rank > 0
         if ds.zero_stage == 3:

@@ -17,7 +17,6 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-import deepspeed
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -126,6 +125,8 @@ def _gather(bucket: list[tuple[str, nn.Parameter]]) -> Iterator[list[tuple[str, 
     if not any(hasattr(p, "ds_id") for p in params):
         yield [(name, p.data) for name, p in bucket]
     else:
+        import deepspeed  # seconds to import: only where ZeRO-3 shards are gathered
+
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
             yield [(name, p.data) for name, p in bucket]
 
