@@ -68,3 +68,25 @@ def test_a_policy_that_does_not_fit_the_env_is_refused_naming_the_keys():
     with pytest.raises(ConfigError) as err:
         vla_for_env(ModelConfig(**{**vars(CFG), "num_images": 2, "action_dim": 6}), EnvConfig())
     assert "takes 2 images" in str(err.value) and "6-d actions" in str(err.value)
+
+
+def test_checking_a_checkpoint_folder_parses_each_json_file_once(tmp_path, monkeypatch):
+    """The checks and the spec share the parsed files: a run start reads config.json and preprocessor_config.json
+    once each before any weight is built."""
+    import builtins
+    import collections
+    import os
+
+    vla_for().save_pretrained(str(tmp_path))
+    opened: collections.Counter = collections.Counter()
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, str) and file.startswith(str(tmp_path)):
+            opened[os.path.basename(file)] += 1
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    vla = vla_for_env(ModelConfig(checkpoint=str(tmp_path)), EnvConfig())
+    assert vla.spec.chunk_len == CFG.chunk_len
+    assert opened["config.json"] == 1 and opened["preprocessor_config.json"] == 1, dict(opened)

@@ -101,13 +101,16 @@ def read_proprio_dim(path: str) -> int | None:
     return state["fc1.weight"].shape[1] if state else None
 
 
-def read_spec(path: str, proprio_dim: int | None = None, **overrides: Any) -> OFTSpec:
+def read_spec(path: str, proprio_dim: int | None = None, files: dict[str, Any] | None = None,
+              **overrides: Any) -> OFTSpec:
     """The spec of the checkpoint in `path` (config.json, with dataset_statistics.json when norm_stats is absent; the
-    action head the folder's files say, unless `overrides` name it)."""
+    action head the folder's files say, unless `overrides` name it). `files`: those JSON files already parsed, by
+    name (the others are read here)."""
     overrides.setdefault("action_head", "l1" if action_head_files(path) else "tokens")
-    config = _read_json(os.path.join(path, CONFIG))
-    if not config.get("norm_stats") and os.path.exists(os.path.join(path, STATS)):
-        config["norm_stats"] = _read_json(os.path.join(path, STATS))
+    files = files or {}
+    config = dict(files.get(CONFIG) or _read_json(os.path.join(path, CONFIG)))
+    if not config.get("norm_stats") and (STATS in files or os.path.exists(os.path.join(path, STATS))):
+        config["norm_stats"] = files.get(STATS) or _read_json(os.path.join(path, STATS))
     return spec_from_openvla(config, proprio_dim=proprio_dim, **overrides)
 
 

@@ -105,7 +105,7 @@ class PretrainedVLA:
         instructions each batch pads to its longest prompt). `action_head`: `auto` (the folder's: `l1` with an
         `action_head--*` file, else `tokens`) or the head expected, which must be the folder's (`folder_action_head`);
         `log_std_init`: the l1 Gaussian's initial log-std where the folder saved none (an official fine-tune)."""
-        config = check_checkpoint_folder(folder)
+        files = check_checkpoint_folder(folder)
         problems: list[str] = []  # every problem of the folder, reported together
         tokenizer: HFTokenizer | None = None
         try:
@@ -124,10 +124,10 @@ class PretrainedVLA:
                                                        ("use_proprio", use_proprio), ("num_images", num_images),
                                                        ("log_std_init", log_std_init)) if v is not None}
         overrides["action_head"] = head
-        if "vla_scale" not in config:  # an official folder: its evaluation's images
+        if "vla_scale" not in files[CONFIG]:  # an official folder: its evaluation's images
             overrides = {**OFFICIAL_EVALUATION, **overrides}
         try:
-            spec = read_spec(folder, proprio_dim=proprio_dim, **overrides)
+            spec = read_spec(folder, proprio_dim=proprio_dim, files=files, **overrides)
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError("\n  - ".join([*problems, f"{folder}/{CONFIG} does not describe an OpenVLA-OFT "
                                                               f"policy: {err}"])) from err
@@ -145,8 +145,7 @@ class PretrainedVLA:
                                   f"{len(problems)} problems:\n  - " + "\n  - ".join(problems))
         spec = replace(spec, unnorm_key=unnorm_key)
         env = env or _platform_env(spec, folder)
-        preprocessor = _read_json(os.path.join(folder, PREPROCESSOR)) if os.path.isfile(
-            os.path.join(folder, PREPROCESSOR)) else None
+        preprocessor = files.get(PREPROCESSOR)
         budget = text_budget(tokenizer, instructions or [], max_text_len)
         processor = _processor(spec, tokenizer, env, preprocessor, budget)
         return cls(spec, tokenizer, processor, env, folder, weights=folder)
@@ -303,23 +302,22 @@ def _read_json(path: str) -> dict[str, Any]:
 
 def check_checkpoint_folder(folder: str) -> dict[str, Any]:
     """The files a checkpoint folder needs are there and readable (weights: their headers), else CheckpointError;
-    returns its config.json."""
+    returns its JSON files parsed, by name (config.json, and dataset_statistics.json and preprocessor_config.json
+    where present), so that each is read once."""
     if not os.path.isdir(folder):
         raise CheckpointError(f"checkpoint folder {folder!r} does not exist (model.checkpoint names an OpenVLA-OFT "
                               "folder: config.json, model.safetensors, tokenizer files, dataset_statistics.json)")
     if not os.path.isfile(os.path.join(folder, CONFIG)):
         raise CheckpointError(f"{folder} has no {CONFIG}: not a checkpoint folder")
-    config = _read_json(os.path.join(folder, CONFIG))
-    for name in (STATS, PREPROCESSOR):
-        if os.path.isfile(os.path.join(folder, name)):
-            _read_json(os.path.join(folder, name))
+    parsed = {name: _read_json(os.path.join(folder, name)) for name in (CONFIG, STATS, PREPROCESSOR)
+              if os.path.isfile(os.path.join(folder, name))}
     try:
-        files = weight_files(folder)
+        weights = weight_files(folder)
     except FileNotFoundError as err:
         raise CheckpointError(str(err)) from err
     from safetensors import safe_open
 
-    for file in files:
+    for file in weights:
         try:
             with safe_open(file, framework="pt") as f:
                 names = list(f.keys())
@@ -327,7 +325,7 @@ def check_checkpoint_folder(folder: str) -> dict[str, Any]:
                 raise ValueError("no tensors")
         except Exception as err:  # safetensors raises its own error type for a truncated or corrupt file
             raise CheckpointError(f"{file} is unreadable ({err}): the download or copy is incomplete") from err
-    return config
+    return parsed
 
 
 def folder_action_head(folder: str, requested: str = "auto") -> tuple[str, list[str]]:
