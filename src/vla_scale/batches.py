@@ -118,7 +118,7 @@ class MiniBatch:
 
     @property
     def rows(self) -> int:
-        return sum(len(mb.inputs) for mb in self.micro_batches)
+        return sum(len(micro.inputs) for micro in self.micro_batches)
 
 
 def policy_inputs(samples: list[Sample], processor: Processor) -> tuple[PreparedInputs, torch.Tensor]:
@@ -153,16 +153,17 @@ def kept_groups(trajs: list[Trajectory], uids: list[str], algo: AlgoConfig) -> t
 def mini_batch_samples(trajs: list[Trajectory], advantages: torch.Tensor, algo: AlgoConfig) -> list[list[Sample]]:
     """The samples of each mini-batch, shuffled: token_mean splits the shuffled chunk steps of the whole batch;
     trajectory_mean splits shuffled episodes, so a mini-batch holds whole episodes."""
-    steps = [(e, k) for e, traj in enumerate(trajs) for k in range(len(traj))]
+    steps = [(episode, step) for episode, traj in enumerate(trajs) for step in range(len(traj))]
     if algo.loss_agg == "token_mean":
         order = torch.randperm(len(steps)).tolist()
         minis = [[steps[j] for j in part] for part in np.array_split(np.array(order), algo.mini_batches)]
     else:
         minis = []
         for part in np.array_split(np.array(torch.randperm(len(trajs)).tolist()), algo.mini_batches):
-            mine = [(e, k) for e in part.tolist() for k in range(len(trajs[e]))]
+            mine = [(episode, step) for episode in part.tolist() for step in range(len(trajs[episode]))]
             minis.append([mine[j] for j in torch.randperm(len(mine)).tolist()])
-    return [[Sample(trajs[e], k, advantages[e].item(), e) for e, k in mini] for mini in minis]
+    return [[Sample(trajs[episode], step, advantages[episode].item(), episode) for episode, step in mini]
+            for mini in minis]
 
 
 def mini_batch(samples: list[Sample], algo: AlgoConfig, model: ModelConfig, processor: Processor,
@@ -188,7 +189,7 @@ def plan_update(groups: list[list[Trajectory]], algo: AlgoConfig, model: ModelCo
                 mean_over_ranks: MeanOverRanks) -> tuple[MiniBatch, ...]:
     """The update of the kept `groups`: GRPO advantages per group, then the mini-batches, every micro-batch's inputs
     built here once."""
-    trajs = [t for group in groups for t in group]
-    advantages = group_advantages(torch.tensor([t.reward for t in trajs]), [t.uid for t in trajs])
+    trajs = [traj for group in groups for traj in group]
+    advantages = group_advantages(torch.tensor([traj.reward for traj in trajs]), [traj.uid for traj in trajs])
     return tuple(mini_batch(samples, algo, model, processor, mean_over_ranks)
                  for samples in mini_batch_samples(trajs, advantages, algo))

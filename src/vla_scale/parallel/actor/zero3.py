@@ -17,7 +17,7 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from vla_scale.algo import clipped_policy_loss, logprob_mismatch, supervised_loss, truncated_is_weights
-from vla_scale.batches import MicroBatch, MiniBatch
+from vla_scale.batches import MiniBatch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig, SftConfig
 from vla_scale.models.lora import add_adapters
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
@@ -106,12 +106,14 @@ class _StepStats:
     first_mismatch: Mismatch = field(default_factory=Mismatch)
     old: list[torch.Tensor] = field(default_factory=list)
 
-
-def _mean_in_order(values: list[float]) -> float:
-    total = 0.0
-    for value in values:
-        total += value / len(values)
-    return total
+    @staticmethod
+    def means(steps: list[_StepStats]) -> dict[str, float]:
+        """Each metric's mean over the steps, summed in step order."""
+        means = dict.fromkeys(("policy_loss", "clip_frac", "entropy", "approx_kl", "grad_norm"), 0.0)
+        for step in steps:
+            for key in means:
+                means[key] += getattr(step, key) / len(steps)
+        return means
 
 
 class Actor:
@@ -198,58 +200,60 @@ class Actor:
         truncated importance weight min(actor / rollout probability, cap). The mismatch is measured over every valid
         token of the step (recomputed), or on the first micro-batch before the first optimizer step (the rollout's).
         Every rank must run it with the same number of mini- and micro-batches (ZeRO-3 gathers are collectives)."""
-        a = self.algo
-        recompute = a.old_logprobs == "recompute"
-        from_forward = recompute and a.old_logprobs_from_update
         started = time.perf_counter()
-        olds: list[list[torch.Tensor | None]] = []
-        for index, mb in enumerate(minis):
-            if not recompute:
-                olds.append([m.rollout_logprobs for m in mb.micro_batches])
-            elif from_forward and index == 0:
-                olds.append([None] * len(mb.micro_batches))
-            else:
-                olds.append([self.logprobs(m.inputs, m.tokens) for m in mb.micro_batches])
+        olds = [self._old_logprobs(mini, first=index == 0) for index, mini in enumerate(minis)]
         recompute_s = time.perf_counter() - started
-        steps = [self._optimizer_step(mb.micro_batches, old, tis=recompute and a.tis_cap > 0)
-                 for mb, old in zip(minis, olds, strict=True)]
-        if recompute:
-            micro = [m for mb in minis for m in mb.micro_batches]
-            mismatch = Mismatch(**logprob_mismatch(torch.cat([o for step in steps for o in step.old]),
-                                                   torch.cat([m.rollout_logprobs for m in micro]),
-                                                   torch.cat([m.mask for m in micro]), a.clip_low, a.clip_high,
-                                                   a.tis_cap))
-        else:
-            mismatch = steps[0].first_mismatch
-        mean = {key: _mean_in_order([getattr(step, key) for step in steps])
-                for key in ("policy_loss", "clip_frac", "entropy", "approx_kl", "grad_norm")}
-        return UpdateResult(**mean, mismatch=mismatch, samples=sum(mb.rows for mb in minis), recompute_s=recompute_s)
+        steps = [self._optimizer_step(mini, old) for mini, old in zip(minis, olds, strict=True)]
+        return UpdateResult(**_StepStats.means(steps), mismatch=self._mismatch(minis, steps),
+                            samples=sum(mini.rows for mini in minis), recompute_s=recompute_s)
 
-    def _optimizer_step(self, micro_batches: Sequence[MicroBatch], old: list[torch.Tensor | None], tis: bool
-                        ) -> _StepStats:
-        """One optimizer step over `micro_batches`, accumulated; `old[i]` the old log-probs of micro-batch i (None:
-        its own forward's, detached); `tis`: weigh tokens by the truncated importance weights.
+    def _old_logprobs(self, mini: MiniBatch, first: bool) -> list[torch.Tensor | None]:
+        """The old log-probs of each micro-batch of `mini`: the rollout's, the actor's recomputed before the update,
+        or None (its own forward's, detached: the first mini-batch's with `algo.old_logprobs_from_update`)."""
+        if self.algo.old_logprobs != "recompute":
+            return [micro.rollout_logprobs for micro in mini.micro_batches]
+        if first and self.algo.old_logprobs_from_update:
+            return [None] * len(mini.micro_batches)
+        return [self.logprobs(micro.inputs, micro.tokens) for micro in mini.micro_batches]
+
+    def _mismatch(self, minis: Sequence[MiniBatch], steps: list[_StepStats]) -> Mismatch:
+        """The rollout <-> actor gap: over every valid token of the step against the recomputed old log-probs, or
+        on the first micro-batch before the first optimizer step when the old are the rollout's."""
+        if self.algo.old_logprobs != "recompute":
+            return steps[0].first_mismatch
+        a = self.algo
+        return Mismatch(**logprob_mismatch(
+            torch.cat([old for step in steps for old in step.old]),
+            torch.cat([micro.rollout_logprobs for mini in minis for micro in mini.micro_batches]),
+            torch.cat([micro.mask for mini in minis for micro in mini.micro_batches]), a.clip_low, a.clip_high,
+            a.tis_cap))
+
+    def _optimizer_step(self, mini: MiniBatch, old: list[torch.Tensor | None]) -> _StepStats:
+        """One optimizer step over the micro-batches of `mini`, accumulated; `old[i]` the old log-probs of
+        micro-batch i (None: its own forward's, detached). With recomputed old log-probs and `algo.tis_cap` > 0
+        tokens weigh by the truncated importance weights.
 
         The weights (`algo.token_weights` of the whole mini-batch) make each micro-batch's loss its share of the
         mini-batch's loss, whatever the split, so the losses are summed as they are (no division by the number of
         micro-batches). Metrics are weighted by each micro-batch's valid tokens."""
+        tis = self.algo.old_logprobs == "recompute" and self.algo.tis_cap > 0
         self.engine.train()
-        tokens_total = max(sum(int(mb.mask.sum()) for mb in micro_batches), 1)
+        tokens_total = max(sum(int(micro.mask.sum()) for micro in mini.micro_batches), 1)
         stats = _StepStats()
-        for index, mb in enumerate(micro_batches):
-            share = int(mb.mask.sum()) / tokens_total
-            self.engine.set_gradient_accumulation_boundary(index == len(micro_batches) - 1)
-            logits = self._forward(mb.inputs)  # the head's distribution parameters
-            logprobs = self.policy.distribution.logprobs(logits, mb.tokens.to(self.device), self.algo.temperature)
+        for index, micro in enumerate(mini.micro_batches):
+            share = int(micro.mask.sum()) / tokens_total
+            self.engine.set_gradient_accumulation_boundary(index == len(mini.micro_batches) - 1)
+            logits = self._forward(micro.inputs)  # the head's distribution parameters
+            logprobs = self.policy.distribution.logprobs(logits, micro.tokens.to(self.device), self.algo.temperature)
             given = old[index]
             old_lp = logprobs.detach() if given is None else given.to(self.device)
             stats.old.append(old_lp.float().cpu())
-            weights = mb.weights.to(self.device)
+            weights = micro.weights.to(self.device)
             if tis:
-                weights = weights * truncated_is_weights(old_lp, mb.rollout_logprobs.to(self.device),
+                weights = weights * truncated_is_weights(old_lp, micro.rollout_logprobs.to(self.device),
                                                          self.algo.tis_cap)
-            mask = mb.mask.to(self.device)
-            loss, info = clipped_policy_loss(logprobs, old_lp, mb.advantages.to(self.device), mask,
+            mask = micro.mask.to(self.device)
+            loss, info = clipped_policy_loss(logprobs, old_lp, micro.advantages.to(self.device), mask,
                                              self.algo.clip_low, self.algo.clip_high, weights)
             if index == 0:  # before this optimizer step: the rollout <-> actor gap when the old are the rollout's
                 stats.first_mismatch = Mismatch(**logprob_mismatch(logprobs.detach(), old_lp, mask, self.algo.clip_low,
