@@ -88,6 +88,7 @@ BAD = [
     (["algo.mini_batches=8", "algo.micro_batches=4"], ["algo.mini_batches*algo.micro_batches", "lower them"]),
     (["env.num_tasks=7"], ["env.num_tasks=7", "has 3 tasks"]),
     (["env.num_train_init_states=45"], ["env.num_train_init_states", "env.num_eval_init_states", "50"]),
+    (["env.extra_train_init_states=1"], ["env.extra_train_init_states", "40 + 10 + 1", "50 init states"]),
     (["deepspeed.zero_stage=4"], ["deepspeed.zero_stage=4"]),
     (["deepspeed=zero2", "deepspeed.offload_param=true"], ["deepspeed.offload_param=true", "zero_stage=3"]),
     (["deepspeed=zero2", "deepspeed.leaf_modules=true"], ["deepspeed.leaf_modules=true", "zero_stage=3"]),
@@ -113,6 +114,16 @@ def test_all_problems_reported_together():
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert "algo.group_size" in str(err.value) and "model.image_size" in str(err.value)
+
+
+def test_extra_train_init_states_join_the_train_split_and_leave_the_eval_split_as_it_was():
+    from vla_scale.config import init_state_ids
+
+    plain, more = load("env=pick_place").env, load("env=pick_place", "env.extra_train_init_states=5").env
+    assert init_state_ids(more, "eval") == init_state_ids(plain, "eval") == list(range(80, 100))
+    assert init_state_ids(more, "train") == [*range(80), *range(100, 105)]
+    assert init_state_ids(plain, "train") == list(range(80))
+    validate(load("env=pick_place", "env.extra_train_init_states=99900"))
 
 
 def test_world_size_enters_the_arithmetic():

@@ -59,8 +59,8 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     "parallel.disagg_sim.nnodes": AT_LEAST_1,
     **{f"parallel.{k}": AT_LEAST_1 for k in ("num_workers", "sims_per_worker", "max_failures")},
     **{f"env.{k}": AT_LEAST_1 for k in ("num_tasks", "num_eval_init_states")},
-    **{f"env.{k}": AT_LEAST_0 for k in ("num_train_init_states", "camera_resolution", "eval_videos_per_task",
-                                       "max_steps")},
+    **{f"env.{k}": AT_LEAST_0 for k in ("num_train_init_states", "extra_train_init_states", "camera_resolution",
+                                       "eval_videos_per_task", "max_steps")},
     **{f"env.{name}.{k}": bound for name, sim in SIMULATORS.items() for k, bound in sim.settings.BOUNDS.items()},
     "parallel.step_timeout_s": POSITIVE,
     **{f"algo.{k}": AT_LEAST_1 for k in ("batch_size", "mini_batches", "micro_batches")},
@@ -193,10 +193,12 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     if suite_tasks is not None and not 1 <= e.num_tasks <= suite_tasks:
         problems.append(f"env.num_tasks={e.num_tasks} but suite {e.suite!r} has {suite_tasks} tasks; "
                         f"use 1..{suite_tasks}")
-    if sim is not None and e.num_train_init_states + e.num_eval_init_states > sim.num_init_states:
+    used = e.num_train_init_states + e.num_eval_init_states + e.extra_train_init_states
+    if sim is not None and used > sim.num_init_states:
         problems.append(
-            f"env.num_train_init_states + env.num_eval_init_states = {e.num_train_init_states} + "
-            f"{e.num_eval_init_states} exceeds the {sim.num_init_states} init states per task; lower them"
+            f"env.num_train_init_states + env.num_eval_init_states + env.extra_train_init_states = "
+            f"{e.num_train_init_states} + {e.num_eval_init_states} + {e.extra_train_init_states} exceeds the "
+            f"{sim.num_init_states} init states per task; lower them"
         )
     if e.num_train_init_states < 1 and not e.train_on_eval_states:
         problems.append("env.num_train_init_states=0 leaves nothing to train on: set it >= 1, or "

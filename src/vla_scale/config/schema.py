@@ -163,6 +163,9 @@ class EnvConfig:
     """Initial states 0..n-1 of every task are the TRAIN split."""
     num_eval_init_states: int = 10
     """The next n initial states of every task are the held-out EVAL split."""
+    extra_train_init_states: int = 0
+    """Initial states after the EVAL block that join the TRAIN split: more layouts to train on while the EVAL split
+    stays the same states (pick_place generates its layouts, 100000 per task)."""
     camera_resolution: int = 64
     """Rendered camera side in pixels."""
     max_steps: int = 40
@@ -416,7 +419,8 @@ PUBLISHED_INIT_STATES = 50
 
 
 def init_state_ids(env: EnvConfig, split: str) -> list[int]:
-    """Init-state ids of a split: "train" is 0..n_train-1, "eval" the next n_eval (disjoint); with
+    """Init-state ids of a split: "train" is 0..n_train-1 and the n_extra after the EVAL block, "eval" the n_eval
+    after n_train (disjoint); with
     env.train_on_eval_states, "train" is the "eval" ids (SimpleVLA-RL trains on the states it evaluates on); with
     env.eval_protocol=published, "eval" is 0..49."""
     if split == "eval" and env.eval_protocol == "published":
@@ -426,7 +430,10 @@ def init_state_ids(env: EnvConfig, split: str) -> list[int]:
     if split == "eval":
         return eval_ids
     if split == "train":
-        return eval_ids if env.train_on_eval_states else list(range(env.num_train_init_states))
+        if env.train_on_eval_states:
+            return eval_ids
+        after_eval = first_eval + env.num_eval_init_states
+        return [*range(first_eval), *range(after_eval, after_eval + env.extra_train_init_states)]
     raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
 
 
