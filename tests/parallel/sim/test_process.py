@@ -203,6 +203,10 @@ def test_simulators_render_without_rasterizer_threads_unless_asked(monkeypatch) 
 def test_simulators_keep_more_freed_chunks_at_hand_and_the_callers_tunables(monkeypatch) -> None:
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     with SimProcess("reach", env_kwargs={"camera_resolution": 16}) as proc:
+        # read once the child has answered: the kernel fills /proc/PID/environ late in exec, after the parent
+        # already saw the exec succeed, so a read straight after the start can find it empty
+        proc.send_reset([TaskSpec("reach", 0, 0)])
+        proc.recv(timeout_s=BOOT_TIMEOUT_S)
         environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
     assert b"GLIBC_TUNABLES=glibc.malloc.tcache_count=256" in environ  # what the child started with
     # glibc cuts the string it parsed after the first value (in the child's initial environment, which /proc shows)
