@@ -74,7 +74,7 @@ def spec_from_model_config(cfg: ModelConfig, text_vocab_size: int, eos_id: int) 
                    ordinal_bin_init=cfg.ordinal_bin_init, center_crop=bool(cfg.center_crop),
                    unnorm_key=cfg.unnorm_key, num_images=cfg.num_images or 1, image_resize=cfg.image_resize,
                    action_head="l1" if cfg.action_head == "l1" else "tokens", log_std_init=cfg.action_log_std_init,
-                   raw=_official_fields(cfg))
+                   use_film=cfg.use_film, raw=_official_fields(cfg))
     check_spec(spec)
     return spec
 
@@ -176,7 +176,7 @@ def model_config_from_spec(spec: OFTSpec, base: ModelConfig | None = None) -> Mo
         pad_to_multiple_of=spec.pad_to_multiple_of, attention=spec.attention, timm_model_ids=timm,
         vocab_size=spec.llm["vocab_size"], center_crop=spec.center_crop, unnorm_key=spec.unnorm_key,
         num_images=spec.num_images, image_resize=spec.image_resize, action_head=spec.action_head,
-        action_log_std_init=spec.log_std_init,
+        action_log_std_init=spec.log_std_init, use_film=spec.use_film,
     )
 
 

@@ -32,18 +32,27 @@ TEXTS = ["reach the red block", "pick up the black bowl next to the cookie box a
          "open the drawer"]
 
 
-def tiny_case(attention: str, head: str = "tokens") -> tuple[OFTPolicy, PolicyInputs]:
-    cfg = ModelConfig(**{**vars(CFG), "attention": attention, "action_head": head})
+def strong_film(policy: OFTPolicy) -> OFTPolicy:
+    """FiLM projections far from their small init, so what the prompt does to the towers shows in the logits."""
+    with torch.no_grad():
+        for name, param in policy.vision_backbone.named_parameters():
+            if ".scale." in name or ".shift." in name:
+                param.uniform_(-3.0, 3.0)
+    return policy
+
+
+def tiny_case(attention: str, head: str = "tokens", film: bool = False) -> tuple[OFTPolicy, PolicyInputs]:
+    cfg = ModelConfig(**{**vars(CFG), "attention": attention, "action_head": head, "use_film": film})
     tok = WordTokenizer.from_instructions(instructions() + TEXTS)
     torch.manual_seed(0)
-    policy = build_policy(cfg, tok)
+    policy = strong_film(build_policy(cfg, tok))
     rng = np.random.default_rng(0)
     obs = [Observation({"agentview": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)},
                        rng.normal(size=4).astype(np.float32), TEXTS[i % 3]) for i in range(5)]
     return policy, Processor.for_spec(policy.spec, tok, max_text_len=cfg.max_text_len)(obs)
 
 
-def official_case(head: str = "tokens") -> tuple[OFTPolicy, PolicyInputs]:
+def official_case(head: str = "tokens", film: bool = False) -> tuple[OFTPolicy, PolicyInputs]:
     config = {"model_type": "openvla", "timm_model_ids": ["vit_tiny_patch16_224", "vit_small_patch16_224"],
               "image_sizes": [32, 32], "use_fused_vision_backbone": True, "n_action_bins": 256,
               "pad_to_multiple_of": 64, "pad_token_id": 512,
@@ -56,7 +65,7 @@ def official_case(head: str = "tokens") -> tuple[OFTPolicy, PolicyInputs]:
     siglip = ViTSpec(image_size=32, patch_size=16, embed_dim=48, depth=3, num_heads=2, class_token=False,
                      map_head=True, act="gelu_tanh")
     torch.manual_seed(1)
-    policy = OFTPolicy(replace(spec, towers=[dino, siglip]))
+    policy = strong_film(OFTPolicy(replace(spec, towers=[dino, siglip], use_film=film)))
     with torch.no_grad():  # layer scales far from their 1e-5 init, so the blocks matter
         for name, param in policy.vision_backbone.named_parameters():
             if name.endswith("scale_factor"):
@@ -75,11 +84,13 @@ def official_case(head: str = "tokens") -> tuple[OFTPolicy, PolicyInputs]:
 
 
 @pytest.fixture(scope="module", params=["tiny-bidirectional", "tiny-causal", "official-fused-gqa", "tiny-causal-l1",
-                                        "official-fused-gqa-l1"])
+                                        "official-fused-gqa-l1", "tiny-bidirectional-film", "official-fused-gqa-film"])
 def engines(request):
-    head = "l1" if request.param.endswith("-l1") else "tokens"
-    name = request.param.removesuffix("-l1")
-    policy, batch = official_case(head) if name.startswith("official") else tiny_case(name[5:], head)
+    film = request.param.endswith("-film")
+    name = request.param.removesuffix("-film")
+    head = "l1" if name.endswith("-l1") else "tokens"
+    name = name.removesuffix("-l1")
+    policy, batch = official_case(head, film) if name.startswith("official") else tiny_case(name[5:], head, film)
     return RolloutEngine(policy, seed=7), RolloutEngine(policy, seed=7, fast=True), batch
 
 

@@ -84,6 +84,10 @@ class ModelConfig:
     vision_dim, vision_layers, patch_size and num_heads."""
     attention: str = "bidirectional"
     """Attention of the Llama backbone over the whole sequence: bidirectional (official OFT) or causal."""
+    use_film: bool = False
+    """FiLM (OpenVLA-OFT+): every vision block scales and shifts its features by projections of the prompt's average
+    token embedding, so what the towers see depends on the instruction (helps a policy tell apart objects the
+    instruction names; a checkpoint's own setting is kept)."""
     center_crop: bool | None = None
     """Crop the centre 90% of each image's area and resize back, for checkpoints trained with random crops (null:
     a checkpoint's own setting, true for official ones as their evaluation does; false for a fresh policy)."""

@@ -74,6 +74,12 @@ def action_head_files(path: str) -> list[str]:
     return sorted(glob.glob(os.path.join(path, "action_head--*checkpoint.pt")))
 
 
+def film_backbone_files(path: str) -> list[str]:
+    """`vision_backbone--*` files: OpenVLA-OFT's FiLM recipe (`use_film`) saves its whole FiLMed vision backbone
+    there, LoRA adapters unmerged, beside a model.safetensors whose towers are not the ones it acts with."""
+    return sorted(glob.glob(os.path.join(path, "vision_backbone--*checkpoint.pt")))
+
+
 def diffusion_files(path: str) -> list[str]:
     """`noisy_action_projector--*` files: only OpenVLA-OFT's diffusion recipe (`use_diffusion`) saves them."""
     return sorted(glob.glob(os.path.join(path, "noisy_action_projector--*checkpoint.pt")))

@@ -14,9 +14,10 @@ import re
 LOADED_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "dataset_statistics.json",
                 "preprocessor_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                 "tokenizer.model", "proprio_projector*", "action_head--*", "noisy_action_projector--*",
-                "adapter_config.json"]
+                "vision_backbone--*", "adapter_config.json"]
 """What `PretrainedVLA.from_pretrained` (and `model.lora.path`) read from a folder: the L1 head of an official
-fine-tune decides how it acts, and a diffusion fine-tune's noisy-action projector is what names it to be refused;
+fine-tune decides how it acts, and a diffusion fine-tune's noisy-action projector and a FiLM fine-tune's vision
+backbone are what name them to be refused;
 nothing else is downloaded (official uploads also hold optimizer states)."""
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")

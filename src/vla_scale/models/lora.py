@@ -41,6 +41,14 @@ NOT_ADAPTED = ("lm_head",)  # its action rows are what the loss reads: trained o
 FULLY_TRAINED = ("action_head", "action_noise")
 """Parts a LoRA run trains whole, never low-rank: the L1 head and its Gaussian's log-std (small; OpenVLA-OFT's LoRA
 fine-tuning trains its action head whole too)."""
+FILM_PROJECTIONS = ("scale", "shift")
+"""A FiLMed vision block's projections of the language embedding, also trained whole (OpenVLA-OFT adds them after
+the adapters)."""
+
+
+def _trained_whole(module_path: str) -> bool:
+    parts = module_path.split(".")
+    return parts[0] in FULLY_TRAINED or (parts[0] == "vision_backbone" and parts[-1] in FILM_PROJECTIONS)
 
 
 class AdapterShape(Protocol):
@@ -85,7 +93,7 @@ def targets(policy: nn.Module, names: list[str]) -> list[tuple[str, nn.Linear]]:
     chosen = []
     for path, module in policy.named_modules():
         last = path.rsplit(".", 1)[-1]
-        whole = path.split(".", 1)[0] in FULLY_TRAINED
+        whole = _trained_whole(path)
         if type(module) is nn.Linear and not whole and last not in NOT_ADAPTED and (LORA_ALL_LINEAR in names or
                                                                                    last in names):
             chosen.append((path, module))
@@ -101,7 +109,7 @@ def add_adapters(policy: nn.Module, lora: AdapterShape) -> list[str]:
     if not chosen:
         raise ValueError(f"model.lora.target_modules={lora.target_modules} selects no linear layer of this policy")
     for name, param in policy.named_parameters():
-        param.requires_grad_(name.split(".", 1)[0] in FULLY_TRAINED)
+        param.requires_grad_(_trained_whole(name.rsplit(".", 1)[0]))
     for _, module in chosen:
         out_features, in_features = getattr(module.weight, "ds_shape", module.weight.shape)
         device, dtype = module.weight.device, module.weight.dtype

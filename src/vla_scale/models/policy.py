@@ -135,8 +135,8 @@ class OFTPolicy(nn.Module):
     def __init__(self, spec: OFTSpec, zero3_init: bool = False, init: bool = True):
         super().__init__()
         self.spec = spec
-        self.vision_backbone = VisionBackbone(spec.towers)
         llm = llama_config(spec.llm)
+        self.vision_backbone = VisionBackbone(spec.towers, llm.hidden_size if spec.use_film else 0)
         self.projector = Projector(self.vision_backbone.embed_dim, llm.hidden_size, len(spec.towers) == 2)
         self.language_model = _build_llama(llm, zero3_init, init)
         self.proprio_projector = ProprioProjector(spec.proprio_dim, llm.hidden_size) if spec.proprio_dim else None
@@ -241,15 +241,29 @@ class OFTPolicy(nn.Module):
         return ImageTransform.for_spec(self.spec, self.preprocessor)
 
     # ---- forward ----------------------------------------------------------------------------------------------------
-    def prefix_embeddings(self, pixel_values: Tensor, proprio: Tensor | None, vision: Callable[[Tensor], Tensor]
+    def prefix_embeddings(self, pixel_values: Tensor, proprio: Tensor | None,
+                          vision: Callable[[Tensor, Tensor | None], Tensor], language: Tensor | None = None
                           ) -> Tensor:
-        """Projected image patches, then the proprio token when there is one (`vision`: the towers to run)."""
+        """Projected image patches, then the proprio token when there is one (`vision`: the towers to run, given
+        the pixels and `language`, the FiLM conditioning of `film_language`)."""
         dtype = self.projector.fc1.weight.dtype
-        prefix = self.projector(vision(pixel_values.to(dtype)))
+        prefix = self.projector(vision(pixel_values.to(dtype), language))
         if proprio is not None and self.proprio_projector is not None and self.spec.use_proprio:
             token = self.proprio_projector(proprio.reshape(prefix.shape[0], -1).to(dtype))
             prefix = torch.cat([prefix, token.unsqueeze(1)], dim=1)
         return prefix
+
+    def film_language(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor | None:
+        """What a FiLMed policy's towers are conditioned on (None without FiLM): per row, the mean input embedding
+        of the language positions of its sequence, BOS, the prompt and the stop token after the action slots, as
+        the official model averages them for one unpadded prompt (pads never count here, so a row's conditioning
+        does not depend on the batch it is in)."""
+        if not self.spec.use_film:
+            return None
+        ids = torch.cat([input_ids, torch.full_like(input_ids[:, :1], self.spec.stop_token_id)], dim=1)
+        counted = nn.functional.pad(attention_mask, (0, 1), value=True)
+        text = self.language_model.get_input_embeddings()(ids) * counted.unsqueeze(-1)
+        return text.sum(dim=1) / counted.sum(dim=1, keepdim=True).to(text.dtype)
 
     def action_logits(self, pixel_values: Tensor, input_ids: Tensor, attention_mask: Tensor,
                       proprio: Tensor | None = None, full_vocab: bool = False) -> Tensor:
@@ -271,7 +285,8 @@ class OFTPolicy(nn.Module):
         from (one row before each slot: the official `NUM_PATCHES + NUM_PROMPT_TOKENS` onwards), what the LM head
         and the L1-regression head both take."""
         dtype = self.projector.fc1.weight.dtype
-        prefix = self.prefix_embeddings(pixel_values, proprio, self.vision_backbone)
+        prefix = self.prefix_embeddings(pixel_values, proprio, self.vision_backbone,
+                                        self.film_language(input_ids, attention_mask))
         embeds, valid, rows = self._sequence(prefix, input_ids, attention_mask)
         out = self.language_model.model(inputs_embeds=embeds, attention_mask=self._attention_bias(valid, dtype),
                                         use_cache=False)

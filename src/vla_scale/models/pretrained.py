@@ -40,6 +40,7 @@ from vla_scale.models.checkpoint_io import (
     STATS,
     action_head_files,
     diffusion_files,
+    film_backbone_files,
     load_action_head_state,
     proprio_projector_file,
     read_proprio_dim,
@@ -119,7 +120,7 @@ class PretrainedVLA:
             problems.append(f"{proprio_projector_file(folder)} is unreadable ({err}): the download or copy is "
                             "incomplete")
         head, head_problems = folder_action_head(folder, action_head)
-        problems += head_problems
+        problems += head_problems + film_problems(folder)
         overrides: dict[str, Any] = {k: v for k, v in (("center_crop", center_crop), ("attention", attention),
                                                        ("use_proprio", use_proprio), ("num_images", num_images),
                                                        ("log_std_init", log_std_init)) if v is not None}
@@ -281,6 +282,7 @@ class PretrainedVLA:
         resize = "as rendered" if rendered == side else f"{spec.image_resize} to {side}"
         render = f"rendered at {rendered} px, {resize}" if rendered else f"{spec.image_resize} to {side}"
         crop = ", centre crop" if spec.center_crop else ""
+        crop += ", vision FiLMed by the prompt" if spec.use_film else ""
         proprio = f"{spec.proprio_dim}-d proprio" if spec.proprio_dim and spec.use_proprio else "no proprio"
         stats = f"statistics {spec.unnorm_key!r}" if spec.unnorm_key else "no statistics"
         head = ("action head l1 (L1-regression MLP; RL: Gaussian around it)" if spec.action_head == "l1" else
@@ -352,6 +354,18 @@ def folder_action_head(folder: str, requested: str = "auto") -> tuple[str, list[
                       "around it) or start token GRPO from a token-head SFT checkpoint (e.g. SimpleVLA-RL's)"]
     return head, [f"model.action_head=l1 but {folder} holds no action_head--*_checkpoint.pt: it decodes with its "
                   "LM-head bins (model.action_head=tokens or auto); an L1 head made up here would be untrained"]
+
+
+def film_problems(folder: str) -> list[str]:
+    """An official FiLM fine-tune is refused: its towers live in a side file of their own, which is not read here,
+    and the ones in model.safetensors would act without the instruction."""
+    files = film_backbone_files(folder)
+    if not files:
+        return []
+    return [f"{folder} is a FiLM fine-tune (OpenVLA-OFT's use_film recipe: {os.path.basename(files[0])} holds its "
+            "language-conditioned vision backbone), which cannot be loaded yet; the towers in its model.safetensors "
+            "would ignore the instruction. Use a fine-tune made without FiLM, or one saved by launch/sft.py with "
+            "model.use_film=true"]
 
 
 def head_shape_problems(folder: str, spec: OFTSpec) -> list[str]:

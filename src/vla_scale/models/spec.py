@@ -104,6 +104,7 @@ class OFTSpec:
     action_head: str = "tokens"  # models/action_heads.HEADS: the LM head's bins, or the L1-regression MLP
     log_std_init: float = -1.0  # the l1 head's Gaussian: initial log-std per action dimension
     action_convention: str = ""  # ACTION_CONVENTIONS; "": OpenVLA's when the policy has statistics, else the env's
+    use_film: bool = False  # FiLM: the towers' blocks conditioned on the prompt's average embedding (OFT+)
     norm_stats: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)  # official config.json fields kept for saving (the file read)
 
@@ -199,7 +200,7 @@ def spec_from_openvla(config: dict[str, Any], proprio_dim: int | None = None, **
         raw=copy.deepcopy(config),
         **constants,
         **{k: ours[k] for k in ("attention", "learned_action_queries", "ordinal_bin_init", "unnorm_key",
-                                "action_head", "log_std_init", "action_convention") if k in ours},
+                                "action_head", "log_std_init", "action_convention", "use_film") if k in ours},
     )
     spec = replace(spec, **overrides)
     check_spec(spec)
@@ -243,5 +244,6 @@ def openvla_config(spec: OFTSpec) -> dict[str, Any]:
         "num_images": spec.num_images, "image_resize": spec.image_resize, "camera_resolution": spec.camera_resolution,
         "action_head": spec.action_head, "log_std_init": spec.log_std_init,
         "action_convention": spec.action_convention, "vision_towers": [t.to_dict() for t in spec.towers],
+        "use_film": spec.use_film,
     }
     return config

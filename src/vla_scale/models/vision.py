@@ -11,6 +11,10 @@ final norm, prefix tokens dropped (`get_intermediate_layers`).
 
 Modules an official tower owns but never runs (the last block, the final norm, SigLIP's attention-pool head) are
 kept so that checkpoints round-trip, and frozen: no gradient ever reaches them.
+
+FiLM (OpenVLA-OFT+'s language conditioning, `--use_film`): each block also holds two projections of the average
+language embedding of the prompt, `scale` and `shift`, and modulates its features between the attention and the
+MLP, x <- x * (1 + scale(l)) + shift(l), the same gamma and beta for every patch of an image.
 """
 
 from __future__ import annotations
@@ -162,9 +166,10 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block (timm `Block`)."""
+    """Pre-norm transformer block (timm `Block`); with `film_dim` > 0, FiLMed by a language embedding of that size
+    (module docstring)."""
 
-    def __init__(self, spec: ViTSpec):
+    def __init__(self, spec: ViTSpec, film_dim: int = 0):
         super().__init__()
         dim = spec.embed_dim
         self.norm1, self.norm2 = nn.LayerNorm(dim, eps=spec.norm_eps), nn.LayerNorm(dim, eps=spec.norm_eps)
@@ -172,10 +177,20 @@ class Block(nn.Module):
         self.mlp = Mlp(dim, int(dim * spec.mlp_ratio), spec.act)
         self.ls1 = LayerScale(dim) if spec.layer_scale else nn.Identity()
         self.ls2 = LayerScale(dim) if spec.layer_scale else nn.Identity()
+        if film_dim:
+            self.scale, self.shift = nn.Linear(film_dim, dim), nn.Linear(film_dim, dim)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, language: Tensor | None = None) -> Tensor:
+        """`language` [B, film_dim]: the average prompt embedding of each image's example (FiLMed blocks only)."""
         x = x + self.ls1(self.attn(self.norm1(x)))
+        if language is not None:
+            x = film(x, self.scale(language), self.shift(language))
         return x + self.ls2(self.mlp(self.norm2(x)))
+
+
+def film(x: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:
+    """x [B, N, D] modulated per feature: x * (1 + gamma) + beta, gamma and beta [B, D] shared by the N tokens."""
+    return x * (1 + gamma.unsqueeze(1)) + beta.unsqueeze(1)
 
 
 class PatchEmbed(nn.Module):
@@ -203,9 +218,10 @@ class AttentionPoolHead(nn.Module):
 class ViT(nn.Module):
     """One tower: pixels [B, 3, S, S] -> patch features [B, patches, dim] (see the module docstring)."""
 
-    def __init__(self, spec: ViTSpec):
+    def __init__(self, spec: ViTSpec, film_dim: int = 0):
         super().__init__()
         self.spec = spec
+        self.film_dim = film_dim
         dim = spec.embed_dim
         self.patch_embed = PatchEmbed(spec)
         self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02) if spec.class_token else None
@@ -213,7 +229,7 @@ class ViT(nn.Module):
         positions = spec.num_patches + (0 if spec.no_embed_class else spec.num_prefix_tokens)
         self.pos_embed = nn.Parameter(torch.randn(1, positions, dim) * 0.02)
         self.norm_pre = nn.LayerNorm(dim, eps=spec.norm_eps) if spec.pre_norm else nn.Identity()
-        self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.depth))
+        self.blocks = nn.ModuleList(Block(spec, film_dim) for _ in range(spec.depth))
         self.norm = nn.LayerNorm(dim, eps=spec.norm_eps)
         self.attn_pool = AttentionPoolHead(spec) if spec.map_head else None
         self.checkpointing = False  # recompute each block's activations in the backward pass (training only)
@@ -234,11 +250,15 @@ class ViT(nn.Module):
             return torch.cat(prefix + [x + self.pos_embed.to(x.dtype)], dim=1)
         return torch.cat(prefix + [x], dim=1) + self.pos_embed.to(x.dtype)
 
-    def forward(self, pixels: Tensor) -> Tensor:
+    def forward(self, pixels: Tensor, language: Tensor | None = None) -> Tensor:
+        """`language` [B, film_dim]: what a FiLMed tower's blocks are conditioned on (required then, else None)."""
+        if (language is None) != (self.film_dim == 0):
+            raise ValueError(f"a tower with film_dim={self.film_dim} takes "
+                             + ("a language embedding" if self.film_dim else "no language embedding"))
         x = self.norm_pre(self._prefix_and_positions(self.patch_embed(pixels)))
         recompute = self.checkpointing and torch.is_grad_enabled()
         for block in self.blocks[: self.spec.blocks_run]:
-            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
+            x = checkpoint(block, x, language, use_reentrant=False) if recompute else block(x, language)
         if self.spec.norm_features:
             x = self.norm(x)
         return x[:, self.spec.num_prefix_tokens :]
@@ -252,12 +272,12 @@ class VisionBackbone(nn.Module):
     follow each other (image 0 first), as in the official backbone. All images go through a tower in one batch.
     """
 
-    def __init__(self, towers: list[ViTSpec]):
+    def __init__(self, towers: list[ViTSpec], film_dim: int = 0):
         super().__init__()
         if len(towers) not in (1, 2) or len({(t.image_size, t.num_patches) for t in towers}) != 1:
             raise ValueError("the vision backbone takes one or two towers with the same image size and patch count")
-        self.featurizer = ViT(towers[0])
-        self.fused_featurizer = ViT(towers[1]) if len(towers) == 2 else None
+        self.featurizer = ViT(towers[0], film_dim)
+        self.fused_featurizer = ViT(towers[1], film_dim) if len(towers) == 2 else None
         self.embed_dim = sum(t.embed_dim for t in towers)
         self.channels_per_image = 3 * len(towers)
         self.patches_per_image = towers[0].num_patches
@@ -275,11 +295,14 @@ class VisionBackbone(nn.Module):
                              " (3 per tower per image)")
         return channels // self.channels_per_image
 
-    def forward(self, pixel_values: Tensor) -> Tensor:
+    def forward(self, pixel_values: Tensor, language: Tensor | None = None) -> Tensor:
+        """`language` [B, film_dim]: each example's average prompt embedding, for FiLMed towers (every image of an
+        example is conditioned on it)."""
         batch, n = pixel_values.shape[0], self.num_images(pixel_values)
         images = pixel_values.unflatten(1, (n, self.channels_per_image)).flatten(0, 1)
-        features = self.featurizer(images[:, :3])
+        per_image = None if language is None else language.to(images.dtype).repeat_interleave(n, dim=0)
+        features = self.featurizer(images[:, :3], per_image)
         if self.fused_featurizer is not None:
-            features = torch.cat([features, self.fused_featurizer(images[:, 3:])], dim=2)
+            features = torch.cat([features, self.fused_featurizer(images[:, 3:], per_image)], dim=2)
         return features.reshape(batch, n * features.shape[1], features.shape[2])
 

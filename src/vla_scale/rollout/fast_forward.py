@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vla_scale.models.policy import OFTPolicy
-from vla_scale.models.vision import ViT, quick_gelu
+from vla_scale.models.vision import ViT, film, quick_gelu
 from vla_scale.rollout.fp8 import Fp8Llama, Fp8Matrix, Fp8Vit, Fp8Weights, fp8_linear, quantise_rows, scaled_mm
 from vla_scale.tensors.spans import span
 
@@ -87,10 +87,12 @@ def _vit_act(x: Tensor, act: str) -> Tensor:
     return quick_gelu(x)
 
 
-def vit_block(x: Tensor, w: Weights, heads: int, eps: float, act: str, fp8: Fp8Vit | None = None) -> Tensor:
+def vit_block(x: Tensor, w: Weights, heads: int, eps: float, act: str, fp8: Fp8Vit | None = None,
+              film_params: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """One pre-norm ViT block (`models.vision.Block`); w = (norm1 w, b, qkv w, b, proj w, b, norm2 w, b,
     fc1 w, b, fc2 w, b, layer-scale 1, layer-scale 2), the layer scales None when the tower has none. `fp8`: the
-    block's four products in FP8 (each input quantised in the kernel that produces it)."""
+    block's four products in FP8 (each input quantised in the kernel that produces it). `film_params`: a FiLMed
+    block's (gamma, beta) [B, D], applied between the attention and the MLP."""
     n1w, n1b, qkv_w, qkv_b, proj_w, proj_b, n2w, n2b, fc1_w, fc1_b, fc2_w, fc2_b, ls1, ls2 = w
     f8: tuple[Fp8Matrix | None, ...] = (None,) * 4 if fp8 is None else fp8[:4]
     emulate = fp8 is not None and fp8.emulate
@@ -100,6 +102,8 @@ def vit_block(x: Tensor, w: Weights, heads: int, eps: float, act: str, fp8: Fp8V
     h = _product(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d), proj_w, proj_b, f8[1],
                  emulate)
     x = x + (h if ls1 is None else h * ls1)
+    if film_params is not None:
+        x = film(x, *film_params)
     h = _product(F.layer_norm(x, (d,), n2w, n2b, eps), fc1_w, fc1_b, f8[2], emulate)
     h = _product(_vit_act(h, act), fc2_w, fc2_b, f8[3], emulate)
     return x + (h if ls2 is None else h * ls2)
@@ -314,20 +318,21 @@ class FastForward:
             for tensor, dim in dims:
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
-    def _tower_steps(self, vit: ViT, pixels: Tensor) -> Iterator[Tensor]:
+    def _tower_steps(self, vit: ViT, pixels: Tensor, language: Tensor | None) -> Iterator[Tensor]:
         """A tower one block per step (`ViT.forward`); the last step yields its patch features."""
         x = vit.norm_pre(vit._prefix_and_positions(vit.patch_embed(pixels)))
         spec = vit.spec
         fp8 = None if self.fp8 is None else self.fp8.towers.get(id(vit))  # absent: the tower in bf16
         for i, block in enumerate(vit.blocks[: spec.blocks_run]):
             self._dynamic((x, 0))
+            film_params = None if language is None else (block.scale(language), block.shift(language))
             x = self._vit_block(x, _vit_weights(block), spec.num_heads, spec.norm_eps, spec.act,
-                                None if fp8 is None else fp8[i])
+                                None if fp8 is None else fp8[i], film_params)
             yield x
         yield (vit.norm(x) if spec.norm_features else x)[:, spec.num_prefix_tokens :]
 
-    def tower(self, vit: ViT, pixels: Tensor) -> Tensor:
-        *_, features = self._tower_steps(vit, pixels)
+    def tower(self, vit: ViT, pixels: Tensor, language: Tensor | None = None) -> Tensor:
+        *_, features = self._tower_steps(vit, pixels, language)
         return features
 
     def _towers_side_by_side(self, first: Iterator[Tensor], second: Iterator[Tensor]) -> tuple[Tensor, Tensor]:
@@ -351,20 +356,21 @@ class FastForward:
         last[1].record_stream(main)
         return last[0], last[1]
 
-    def vision(self, pixel_values: Tensor) -> Tensor:
+    def vision(self, pixel_values: Tensor, language: Tensor | None = None) -> Tensor:
         """`VisionBackbone.forward` with the towers' blocks run by `vit_block`."""
         backbone = self.policy.vision_backbone
         batch, n = pixel_values.shape[0], backbone.num_images(pixel_values)
         images = pixel_values.unflatten(1, (n, backbone.channels_per_image)).flatten(0, 1)
-        if backbone.fused_featurizer is None:
-            features = self.tower(backbone.featurizer, images[:, :3])
+        lang = None if language is None else language.to(images.dtype).repeat_interleave(n, dim=0)
+        first, fused = backbone.featurizer, backbone.fused_featurizer
+        if fused is None:
+            features = self.tower(first, images[:, :3], lang)
         elif self.side_by_side and images.is_cuda:
-            features = torch.cat(self._towers_side_by_side(self._tower_steps(backbone.featurizer, images[:, :3]),
-                                                           self._tower_steps(backbone.fused_featurizer, images[:, 3:])),
-                                 dim=2)
+            features = torch.cat(self._towers_side_by_side(self._tower_steps(first, images[:, :3], lang),
+                                                           self._tower_steps(fused, images[:, 3:], lang)), dim=2)
         else:
-            features = torch.cat([self.tower(backbone.featurizer, images[:, :3]),
-                                  self.tower(backbone.fused_featurizer, images[:, 3:])], dim=2)
+            features = torch.cat([self.tower(first, images[:, :3], lang), self.tower(fused, images[:, 3:], lang)],
+                                 dim=2)
         return features.reshape(batch, n * features.shape[1], features.shape[2])
 
     def _mlp(self, x: Tensor, w: LlamaWeights) -> Tensor:
@@ -409,7 +415,8 @@ class FastForward:
         """Bin logits float32[B, K, n_bins] (the l1 head's [B, K, 2]); `packing` must be `Packing.of` the rows'
         prompt lengths."""
         policy, spec = self.policy, self.policy.spec
-        prefix = policy.prefix_embeddings(pixel_values, proprio, self.vision)
+        prefix = policy.prefix_embeddings(pixel_values, proprio, self.vision,
+                                          policy.film_language(input_ids, attention_mask))
         x, valid, rows = policy._sequence(prefix, input_ids, attention_mask)
         b, t, d = x.shape
         groups = packing.positions(t - input_ids.shape[1])
