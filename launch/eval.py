@@ -87,16 +87,18 @@ def write_tables(run_dir: str, suite: str, rows: list[list[str]], protocol: str 
 
 
 def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) -> float:
+    from vla_scale.run_policy import vla_for_env
+
+    # checked against the env before anything starts, and before the rollout stack's imports (seconds of them)
+    vla = vla_for_env(cfg.model, cfg.env, explicit)
     from vla_scale.envs.registry import simulator
     from vla_scale.rollout.engine import RolloutEngine
     from vla_scale.rollout.env_loop import EnvLoop, success_metrics
     from vla_scale.rollout.sampler import eval_specs
     from vla_scale.rollout.stack import max_chunks, play_eval, start_fleet, start_ray_for
     from vla_scale.run_log import RunLogger, progress
-    from vla_scale.run_policy import vla_for_env
     from vla_scale.run_setup import resolved_config
 
-    vla = vla_for_env(cfg.model, cfg.env, explicit)  # checked against the env before anything starts
     cfg = resolved_config(cfg, vla)
     e = cfg.env
     instructions = simulator(e.name).instructions(e.suite)

@@ -44,18 +44,21 @@ def main(dict_cfg: DictConfig) -> float:
     cfg = to_config(dict_cfg)
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    try:  # the configuration first: it needs no DeepSpeed, whose import alone takes seconds
-        validate(cfg, world)
+    explicit = explicit_keys(HydraConfig.get().overrides.task)
+    try:  # the configuration and the policy against the env first: they need no DeepSpeed nor Llama, whose imports
+        validate(cfg, world)  # alone take seconds
         problems = sft_problems(cfg, world)
         if problems:
             raise ConfigError("cannot fine-tune:\n  - " + "\n  - ".join(problems))
+        from vla_scale.run_policy import vla_for_env
+
+        vla = vla_for_env(cfg.model, cfg.env, explicit)
     except ConfigError as err:
         sys.exit(f"error: {err}")
     from vla_scale.sft.trainer import SftComplete, SupervisedTrainer
 
-    # the dataset, the policy against the env, a resumed run's checkpoint: checked before any weight is built
-    ran = run_to_the_end(lambda: SupervisedTrainer(cfg, run_dir, explicit_keys(HydraConfig.get().overrides.task)),
-                         SftComplete)
+    # the dataset, a resumed run's checkpoint: checked before any weight is built
+    ran = run_to_the_end(lambda: SupervisedTrainer(cfg, run_dir, explicit, vla), SftComplete)
     if ran is None:
         return float("nan")
     trainer, metrics = ran

@@ -36,15 +36,18 @@ if moved := moved_key_error(sys.argv[1:]):
 def main(dict_cfg: DictConfig) -> float:
     cfg = to_config(dict_cfg)
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
-    try:  # the configuration first: it needs no DeepSpeed, whose import alone takes seconds
-        validate(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    explicit = explicit_keys(HydraConfig.get().overrides.task)
+    try:  # the configuration and the policy against the env first: they need no DeepSpeed nor Llama, whose imports
+        validate(cfg, int(os.environ.get("WORLD_SIZE", "1")))  # alone take seconds
+        from vla_scale.run_policy import vla_for_env
+
+        vla = vla_for_env(cfg.model, cfg.env, explicit)
     except ConfigError as err:
         sys.exit(f"error: {err}")
     from vla_scale.trainer import RunComplete, SimulatorLost, Trainer
 
-    # the policy against the env, the Ray address, a resumed run's checkpoint: checked before anything starts
-    ran = run_to_the_end(lambda: Trainer(cfg, run_dir, explicit_keys(HydraConfig.get().overrides.task)),
-                         RunComplete, (SimulatorLost,))
+    # the Ray address, a resumed run's checkpoint: checked before anything starts
+    ran = run_to_the_end(lambda: Trainer(cfg, run_dir, explicit, vla), RunComplete, (SimulatorLost,))
     if ran is None:
         return float("nan")
     trainer, metrics = ran

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vla_scale.config import ConfigError, EnvConfig, ModelConfig
 from vla_scale.envs.registry import simulator
 from vla_scale.models.checkpoint_io import step_folder
-from vla_scale.models.policy import OFTPolicy
 from vla_scale.models.pretrained import CheckpointError, PretrainedVLA
 from vla_scale.models.spec import LLAMA_DEFAULTS, VISION_BACKBONES, OFTSpec, check_spec, llm_kwargs, timm_ids
 from vla_scale.models.tokenizer import TextTokenizer, WordTokenizer
 from vla_scale.models.vision import HALF_MEAN_STD, ViTSpec, timm_vit_spec
+
+if TYPE_CHECKING:  # the policy module imports transformers' Llama: only what builds weights needs it
+    from vla_scale.models.policy import OFTPolicy
 
 CHECKPOINT_OVERRIDES = ("checkpoint", "unnorm_key", "center_crop", "use_proprio", "num_images", "max_text_len",
                         "action_head", "action_log_std_init")
@@ -98,6 +100,8 @@ def build_policy(cfg: ModelConfig, tokenizer: TextTokenizer, zero3_init: bool = 
     `OFTPolicy.from_pretrained`; with its tokenizer and processor: `vla_for_env`."""
     if cfg.checkpoint:
         raise ValueError("build_policy builds a fresh policy; load model.checkpoint with OFTPolicy.from_pretrained")
+    from vla_scale.models.policy import OFTPolicy
+
     return OFTPolicy.from_spec(spec_from_model_config(cfg, tokenizer.vocab_size, tokenizer.eos_id),
                                zero3_init=zero3_init)
 

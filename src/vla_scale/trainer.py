@@ -39,6 +39,7 @@ from vla_scale.batches import (
 )
 from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, validate
 from vla_scale.envs.types import TaskSpec
+from vla_scale.models import PretrainedVLA
 from vla_scale.parallel.actor import Actor, UpdateResult
 from vla_scale.parallel.sim.cluster import ray_address_problem, start_ray
 from vla_scale.parallel.sim.fleet import SimFleet, SimNodeLost
@@ -157,10 +158,11 @@ class RunComplete(Exception):
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = ()):
+    def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = (), vla: PretrainedVLA | None = None):
         """Checks, starting nothing but the process group (`init_distributed`, after the checks that need none): the
         configuration, the Ray address, the policy against the env and the `explicit` keys of the command line
-        (`run_policy.vla_for_env`), a resumed run against its checkpoint, FP8 on this rank's device."""
+        (`run_policy.vla_for_env`; `vla`: its result, when the caller checked it already, as the entry script does
+        before it imports this module), a resumed run against its checkpoint, FP8 on this rank's device."""
         if cfg.deterministic:
             make_deterministic()
         self.world = launched_world_size()
@@ -169,7 +171,7 @@ class Trainer:
         if unreachable:
             raise ConfigError(unreachable)
         # policy, tokenizer, processor and action post-processing from one source, checked against the env
-        self.vla = vla_for_env(cfg.model, cfg.env, explicit)
+        self.vla = vla if vla is not None else vla_for_env(cfg.model, cfg.env, explicit)
         self.cfg = cfg = resolved_config(cfg, self.vla)
         self.run_dir = run_dir
         self._check_resume()

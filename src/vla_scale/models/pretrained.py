@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -47,10 +47,12 @@ from vla_scale.models.checkpoint_io import (
     read_spec,
     weight_files,
 )
-from vla_scale.models.policy import OFTPolicy
 from vla_scale.models.processor import PolicyInputs, Processor
 from vla_scale.models.spec import OFFICIAL_EVALUATION, OFTSpec
 from vla_scale.models.tokenizer import HFTokenizer, TextTokenizer, prompt_text
+
+if TYPE_CHECKING:  # the policy module imports transformers' Llama: checking a policy against an env needs none
+    from vla_scale.models.policy import OFTPolicy
 
 
 class EnvKeys(Protocol):
@@ -195,6 +197,8 @@ class PretrainedVLA:
     def new_policy(self, zero3_init: bool = False) -> OFTPolicy:
         """Another copy from the same source (fresh: a new random init; checkpoint: its weights again), adapters
         merged. `zero3_init`: the caller builds it inside `deepspeed.zero.Init`."""
+        from vla_scale.models.policy import OFTPolicy
+
         policy = OFTPolicy.from_spec(self.spec, self.weights, zero3_init)
         if self.adapters:
             from vla_scale.models.lora import merge_adapters
@@ -206,6 +210,8 @@ class PretrainedVLA:
     def unfilled_policy(self) -> OFTPolicy:
         """A policy of this one's shape holding no values yet (`OFTPolicy.unfilled`): for a rollout engine that a
         weight sync fills (the trainer's); nothing is read from the checkpoint."""
+        from vla_scale.models.policy import OFTPolicy
+
         return OFTPolicy.unfilled(self.spec)
 
     @property

@@ -89,9 +89,10 @@ def load_demonstrations(cfg: Config, vla: PretrainedVLA) -> list[Episode]:
 
 
 class SupervisedTrainer:
-    def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = ()):
+    def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = (), vla: PretrainedVLA | None = None):
         """Checks everything before any weight is built, then joins the process group: the configuration, the policy
-        against the env, the dataset (`load_demonstrations`), a resumed run against its checkpoint."""
+        against the env (`vla`: when the caller checked it already with `run_policy.vla_for_env`), the dataset
+        (`load_demonstrations`), a resumed run against its checkpoint."""
         if cfg.deterministic:
             make_deterministic()
         self.world = launched_world_size()
@@ -99,7 +100,7 @@ class SupervisedTrainer:
         problems = sft_problems(cfg, self.world)
         if problems:
             raise ConfigError("cannot fine-tune:\n  - " + "\n  - ".join(problems))
-        vla = vla_for_env(cfg.model, cfg.env, explicit)
+        vla = vla if vla is not None else vla_for_env(cfg.model, cfg.env, explicit)
         self.episodes = load_demonstrations(cfg, vla)
         stats = dataset_statistics([e.actions for e in self.episodes], [e.state for e in self.episodes])
         self.vla = vla.with_statistics(cfg.env.suite, stats)
