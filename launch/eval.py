@@ -87,17 +87,16 @@ def write_tables(run_dir: str, suite: str, rows: list[list[str]], protocol: str 
 
 
 def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) -> float:
-    from vla_scale.run_policy import vla_for_env
+    from vla_scale.run_setup import checked_policy, resolved_config
 
-    # checked against the env before anything starts, and before the rollout stack's imports (seconds of them)
-    vla = vla_for_env(cfg.model, cfg.env, explicit)
+    # the Ray address and the policy against the env before anything starts and before the rollout stack's imports
+    vla = checked_policy(cfg, explicit)
     from vla_scale.envs.registry import simulator
     from vla_scale.rollout.engine import RolloutEngine
     from vla_scale.rollout.env_loop import EnvLoop, success_metrics
     from vla_scale.rollout.sampler import eval_specs
     from vla_scale.rollout.stack import max_chunks, play_eval, start_fleet, start_ray_for
     from vla_scale.run_log import RunLogger, progress
-    from vla_scale.run_setup import resolved_config
 
     cfg = resolved_config(cfg, vla)
     e = cfg.env
@@ -159,11 +158,6 @@ def main(dict_cfg: DictConfig) -> float:
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
     try:
         validate(cfg)
-        from vla_scale.parallel.sim.cluster import ray_address_problem
-
-        unreachable = ray_address_problem(cfg.parallel.ray_address)
-        if unreachable:
-            raise ConfigError(unreachable)
         if problems := record_problems(cfg.record):
             raise ConfigError(problems[0])
         os.makedirs(run_dir, exist_ok=True)

@@ -37,16 +37,16 @@ def main(dict_cfg: DictConfig) -> float:
     cfg = to_config(dict_cfg)
     run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
     explicit = explicit_keys(HydraConfig.get().overrides.task)
-    try:  # the configuration and the policy against the env first: they need no DeepSpeed nor Llama, whose imports
-        validate(cfg, int(os.environ.get("WORLD_SIZE", "1")))  # alone take seconds
-        from vla_scale.run_policy import vla_for_env
+    try:  # the configuration, the Ray address and the policy against the env first: they need no DeepSpeed nor
+        validate(cfg, int(os.environ.get("WORLD_SIZE", "1")))  # Llama, whose imports alone take seconds
+        from vla_scale.run_setup import checked_policy
 
-        vla = vla_for_env(cfg.model, cfg.env, explicit)
+        vla = checked_policy(cfg, explicit)
     except ConfigError as err:
         sys.exit(f"error: {err}")
     from vla_scale.trainer import RunComplete, SimulatorLost, Trainer
 
-    # the Ray address, a resumed run's checkpoint: checked before anything starts
+    # a resumed run's checkpoint, FP8 on this device: checked before anything starts
     ran = run_to_the_end(lambda: Trainer(cfg, run_dir, explicit, vla), RunComplete, (SimulatorLost,))
     if ran is None:
         return float("nan")

@@ -6,15 +6,27 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
-from vla_scale.config import Config
+from vla_scale.config import Config, ConfigError
 from vla_scale.models import PretrainedVLA
-from vla_scale.run_policy import resolved_model_config
+from vla_scale.parallel.sim.cluster import ray_address_problem
+from vla_scale.run_policy import resolved_model_config, vla_for_env
+
+
+def checked_policy(cfg: Config, explicit: Collection[str] = ()) -> PretrainedVLA:
+    """The checks of a run's start that need nothing started and neither DeepSpeed nor transformers' Llama imported
+    (the entry scripts run them before importing a trainer, which takes seconds): the Ray address, then the policy
+    against the env and the command line's `explicit` keys (`run_policy.vla_for_env`); the checked policy, or a
+    ConfigError that names what to change."""
+    unreachable = ray_address_problem(cfg.parallel.ray_address)
+    if unreachable:
+        raise ConfigError(unreachable)
+    return vla_for_env(cfg.model, cfg.env, explicit)
 
 
 def _free_port() -> int:

@@ -41,7 +41,7 @@ from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, vali
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
 from vla_scale.parallel.actor import Actor, UpdateResult
-from vla_scale.parallel.sim.cluster import ray_address_problem, start_ray
+from vla_scale.parallel.sim.cluster import start_ray
 from vla_scale.parallel.sim.fleet import SimFleet, SimNodeLost
 from vla_scale.parallel.sync.weight_sync import SyncReport, sync_weights
 from vla_scale.rollout.ahead import RolloutAhead
@@ -51,8 +51,8 @@ from vla_scale.rollout.fp8 import fp8_problem
 from vla_scale.rollout.sampler import TaskSampler, eval_specs
 from vla_scale.rollout.stack import max_chunks, needs_ray, play_eval, start_fleet, start_ray_for
 from vla_scale.run_log import RunLogger, progress
-from vla_scale.run_policy import vla_for_env
 from vla_scale.run_setup import (
+    checked_policy,
     init_distributed,
     launched_world_size,
     make_deterministic,
@@ -161,17 +161,14 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = (), vla: PretrainedVLA | None = None):
         """Checks, starting nothing but the process group (`init_distributed`, after the checks that need none): the
         configuration, the Ray address, the policy against the env and the `explicit` keys of the command line
-        (`run_policy.vla_for_env`; `vla`: its result, when the caller checked it already, as the entry script does
+        (`run_setup.checked_policy`; `vla`: its result, when the caller ran it already, as the entry script does
         before it imports this module), a resumed run against its checkpoint, FP8 on this rank's device."""
         if cfg.deterministic:
             make_deterministic()
         self.world = launched_world_size()
         validate(cfg, self.world)
-        unreachable = ray_address_problem(cfg.parallel.ray_address)
-        if unreachable:
-            raise ConfigError(unreachable)
         # policy, tokenizer, processor and action post-processing from one source, checked against the env
-        self.vla = vla if vla is not None else vla_for_env(cfg.model, cfg.env, explicit)
+        self.vla = vla if vla is not None else checked_policy(cfg, explicit)
         self.cfg = cfg = resolved_config(cfg, self.vla)
         self.run_dir = run_dir
         self._check_resume()

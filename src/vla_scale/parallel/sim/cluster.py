@@ -1,12 +1,11 @@
 """The Ray cluster as the fleet sees it: joining or starting Ray, checking an address before anything starts, counting
-the simulation nodes (those offering the `sim` resource)."""
+the simulation nodes (those offering the `sim` resource). Ray is imported where it is used: checking an address
+needs none of it."""
 
 from __future__ import annotations
 
 import os
 import socket
-
-import ray
 
 RAY_CONNECT_TIMEOUT_S = 10.0
 """How long `ray_address_problem` waits for a Ray head to accept a connection."""
@@ -32,6 +31,8 @@ def ray_address_problem(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) 
 
 def start_ray(address: str = "", dashboard: bool = False, num_cpus: int = 0) -> None:
     """Join `address`, or start a local Ray (dashboard off unless asked, and then bound to 127.0.0.1)."""
+    import ray
+
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -53,4 +54,6 @@ def start_ray(address: str = "", dashboard: bool = False, num_cpus: int = 0) -> 
 
 def sim_node_count() -> int:
     """Alive Ray nodes that offer the `sim` resource."""
+    import ray
+
     return sum(1 for node in ray.nodes() if node.get("Alive") and node.get("Resources", {}).get("sim", 0) > 0)
