@@ -18,7 +18,7 @@ median of several after warm-up. Printed:
 4. where the fast path's time goes at B=64: stage times, GPU kernel time by kind (torch.profiler), and the SDPA
    backends on one Llama layer's attention.
 
-With `--fp8`, an engine with `precision="fp8"` on the same weights (`rollout/fp8.py`) beside it: the FP8 matmul
+With `--fp8`, an engine with `precision="fp8"` on the same weights (`models/fp8.py`) beside it: the FP8 matmul
 rate at the Llama GEMM shapes, the time to quantise the weights after a sync, its logits against the bf16 fast path's
 (|delta| mean, 99th percentile, max; relative to the fp32 path), greedy agreement with bf16 overall and where bf16's
 top-two logit gap exceeds twice the FP8 logit error (its root mean square over every logit), and per batch size its
@@ -49,11 +49,11 @@ from omegaconf import OmegaConf
 from vla_scale.algo import logprobs_from_logits
 from vla_scale.config import ModelConfig
 from vla_scale.models import OFTPolicy, Processor
+from vla_scale.models.fp8 import fp8_problem
 from vla_scale.models.policy import FusedRMSNorm
 from vla_scale.models.processor import PolicyInputs
 from vla_scale.models.vision import ViT
 from vla_scale.rollout.engine import RolloutEngine
-from vla_scale.rollout.fp8 import fp8_problem
 from vla_scale.run_policy import fresh_vla
 
 TEXTS = ["pick up the black bowl and place it on the plate", "open the top drawer", "put the cream cheese in the bowl"]

@@ -40,6 +40,7 @@ from vla_scale.batches import (
 from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, validate
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
+from vla_scale.models.fp8 import fp8_problem
 from vla_scale.parallel.actor import Actor, UpdateResult
 from vla_scale.parallel.sim.cluster import start_ray
 from vla_scale.parallel.sim.fleet import SimFleet, SimNodeLost
@@ -47,7 +48,6 @@ from vla_scale.parallel.sync.weight_sync import SyncReport, sync_weights
 from vla_scale.rollout.ahead import RolloutAhead
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop, LoopStats, success_metrics
-from vla_scale.rollout.fp8 import fp8_problem
 from vla_scale.rollout.sampler import TaskSampler, eval_specs
 from vla_scale.rollout.stack import max_chunks, needs_ray, play_eval, start_fleet, start_ray_for
 from vla_scale.run_log import RunLogger, progress

@@ -1,4 +1,4 @@
-"""FP8 rollouts (`rollout/fp8.py`): the quantisation arithmetic, emulated on the CPU, and the engine's use of it.
+"""FP8 rollouts (`models/fp8.py`): the quantisation arithmetic, emulated on the CPU, and the engine's use of it.
 
 Scales and saturation of the per-row quantisation, the emulated product against float32, an FP8 engine's logits
 against the bf16 fast path's, the order sync -> checksum of the exact weights -> quantisation, release and resume,
@@ -16,8 +16,7 @@ import torch
 
 from vla_scale.config import ConfigError, RolloutConfig
 from vla_scale.models import WordTokenizer
-from vla_scale.rollout.engine import RolloutEngine
-from vla_scale.rollout.fp8 import (
+from vla_scale.models.fp8 import (
     E4M3_MAX,
     Fp8Weights,
     check_shape,
@@ -27,6 +26,7 @@ from vla_scale.rollout.fp8 import (
     quantise_rows,
     quantise_weight,
 )
+from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import build_policy
 from vla_scale.tensors.checksum import weights_checksum
 

@@ -25,8 +25,8 @@ def choices() -> dict[str, tuple[Any, ...]]:
     loss options, the LIBERO scene modes and env.name/env.suite are checked against their modules further down).
     Imported when the check runs, so that reading the configuration (and refusing a moved key) imports no torch."""
     from vla_scale.datasets.lerobot_format import VERSIONS
+    from vla_scale.models.fp8 import PRECISIONS
     from vla_scale.models.spec import ACTION_HEADS, ATTENTION_MODES, IMAGE_RESIZES
-    from vla_scale.rollout.fp8 import PRECISIONS
 
     return {
         "algo.name": ("grpo",),

@@ -16,7 +16,7 @@ or from trainer rank 0 over an update group, received by a `WeightReceiver` that
 engine shares a GPU with the actor, `release_memory_occupation` frees its weights during the update and
 `resume_memory_occupation` takes the memory back for the sync that follows.
 
-`precision="fp8"` (`rollout.precision`): the fast path multiplies in FP8 (`rollout/fp8.py`). The engine still
+`precision="fp8"` (`rollout.precision`): the fast path multiplies in FP8 (`models/fp8.py`). The engine still
 receives and holds the actor's weights exactly (the sync compares and fingerprints them); before the first forward
 after a sync it quantises them into FP8 copies, so its log-probs are those of a slightly different policy, which the
 trainer treats as the behaviour policy.
@@ -37,9 +37,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vla_scale.models.fp8 import PRECISIONS, Fp8Weights, fp8_problem
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.rollout.fast_forward import FastForward
-from vla_scale.rollout.fp8 import PRECISIONS, Fp8Weights, fp8_problem
 from vla_scale.tensors.checksum import weights_checksum
 from vla_scale.tensors.spans import span
 

@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vla_scale.models.fp8 import Fp8Llama, Fp8Matrix, Fp8Vit, Fp8Weights, fp8_linear, quantise_rows, scaled_mm
 from vla_scale.models.policy import OFTPolicy
 from vla_scale.models.vision import ViT, film, quick_gelu
-from vla_scale.rollout.fp8 import Fp8Llama, Fp8Matrix, Fp8Vit, Fp8Weights, fp8_linear, quantise_rows, scaled_mm
 from vla_scale.tensors.spans import span
 
 Weights = tuple[Tensor | None, ...]
@@ -288,7 +288,7 @@ def _stacked(*linears: Any) -> Tensor | None:
 class FastForward:
     """`policy.action_logits` (bins only) the fast way; `compile=True` runs the blocks through `torch.compile`;
     `side_by_side` (on a GPU) runs two towers on two streams; `fp8`: the towers' and decoder layers' matrix products
-    through these FP8 copies of their weights (`rollout/fp8.py`; the caller keeps them fresh)."""
+    through these FP8 copies of their weights (`models/fp8.py`; the caller keeps them fresh)."""
 
     def __init__(self, policy: OFTPolicy, compile: bool = False, side_by_side: bool = True,
                  fp8: Fp8Weights | None = None):
