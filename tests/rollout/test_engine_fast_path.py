@@ -186,6 +186,27 @@ def test_towers_side_by_side_on_two_streams_give_the_one_stream_logits():
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_filmed_policy_compiled_on_the_gpu_gives_the_plain_logits():
+    """FiLM's (gamma, beta) go through the compiled block function as tensors of their own."""
+    policy, batch = official_case(film=True)
+    plain = RolloutEngine(policy, "cuda", seed=7, fast=False)
+    compiled = RolloutEngine(policy, "cuda", seed=7, fast=True, compile=True)
+    with torch.no_grad():
+        want = plain.logits(plain.inputs(batch))
+        got = compiled.logits(compiled.inputs(batch))
+        for name, param in policy.named_parameters():  # FiLM made the identity: what the towers give without it
+            if ".scale." in name or ".shift." in name:
+                param.zero_()
+        identity = RolloutEngine(policy, "cuda", seed=7, fast=True, compile=True)
+        without = identity.logits(identity.inputs(batch))
+    error, effect = (got - want).abs().max().item(), (without - want).abs().max().item()
+    print(f"compiled vs plain {error:.3g}, without FiLM {effect:.3g}")
+    torch.testing.assert_close(got, want, rtol=0, atol=5e-2)  # the engine's dtype on both paths
+    assert (without - want).abs().max() > 10 * (got - want).abs().max()  # FiLM shows in the logits
+
+
 def test_the_engine_stacks_q_k_v_and_gate_up_weights_without_copies(engines):
     from vla_scale.rollout.fast_forward import _llama_weights
 
