@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
+from vla_scale.config import EnvConfig
 from vla_scale.envs.pick_place import (
     ACTION_DIM,
     BOWL_FLOOR,
@@ -240,8 +241,6 @@ def test_bad_inputs(env: PickPlaceEnv) -> None:
 
 
 def test_registry_and_config() -> None:
-    from vla_scale.config import EnvConfig
-
     assert SIMULATORS["pick_place"].env_class is PickPlaceEnv
     assert SIMULATORS["pick_place"].cameras == ("agentview", "wrist")
     kwargs = EnvConfig(name="pick_place", suite="pick_place",
@@ -255,3 +254,29 @@ def test_registry_and_config() -> None:
         assert env.data.time == pytest.approx(3 * 2 * env.model.opt.timestep)
     finally:
         env.close()
+
+
+def test_start_spread_sets_where_the_gripper_starts() -> None:
+    """The default keeps every start between the slots, where the first steps decide the cube; 0.15 spreads the
+    starts over all four slots, so the start no longer says which cube the gripper goes for."""
+    centre = np.array([0.0, 0.04])
+    default = np.array([PickPlaceEnv.init_state(0, i).gripper for i in range(400)])
+    wide = np.array([PickPlaceEnv.init_state(0, i, start_spread=0.15).gripper for i in range(400)])
+    assert np.abs(default[:, :2] - centre).max() <= 0.03
+    assert np.abs(wide[:, :2] - centre).max() <= 0.15 and np.abs(wide[:, :2] - centre).max(axis=0).min() > 0.13
+    nearest = {int(np.argmin(np.linalg.norm(SLOTS - g, axis=1))) for g in wide[:, :2]}
+    assert nearest == {0, 1, 2, 3}
+    assert np.array_equal(default[:, 2], wide[:, 2])  # the height's draw is the same either way
+    same = PickPlaceEnv.init_state(0, 7, start_spread=0.15)
+    assert all(np.array_equal(same.cubes[c], PickPlaceEnv.init_state(0, 7).cubes[c]) for c in same.cubes)
+
+    kwargs = EnvConfig(name="pick_place", suite="pick_place",
+                       pick_place=PickPlaceSettings(start_spread=0.15)).simulator_kwargs()
+    env = make_env("pick_place", **{**kwargs, "camera_resolution": 32})
+    try:
+        obs = env.reset(TaskSpec("pick_place", 0, 3))
+        assert np.allclose(obs.proprio[:3], PickPlaceEnv.init_state(0, 3, start_spread=0.15).gripper)
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="start_spread"):
+        PickPlaceEnv(start_spread=-0.1)

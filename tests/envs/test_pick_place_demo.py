@@ -82,6 +82,15 @@ def test_without_noise_every_train_episode_succeeds(env: PickPlaceEnv) -> None:
     assert 15 <= min(lengths) and max(lengths) <= 28  # a clean episode fits 5 chunks of 8 with room to spare
 
 
+def test_without_noise_every_episode_from_spread_starts_succeeds() -> None:
+    spread = PickPlaceEnv(max_steps=MAX_STEPS, start_spread=0.15)
+    try:
+        rate, lengths = success_rate(spread, Demonstrator(), 24)
+    finally:
+        spread.close()
+    assert rate == 1.0 and max(lengths) <= 32
+
+
 def test_noise_changes_the_actions_and_lowers_the_success_rate(env: PickPlaceEnv) -> None:
     task = TaskSpec("pick_place", 0, 0)
     clean = play(env, task, Demonstrator())

@@ -49,7 +49,9 @@ GRASP_HEIGHT = 0.015
 WORKSPACE_LOW = np.array([-0.24, -0.16, CUBE_HALF])
 WORKSPACE_HIGH = np.array([0.24, 0.24, 0.16])
 GRIPPER_START = np.array([0.0, 0.04, 0.12])
-GRIPPER_START_JITTER = np.array([0.03, 0.03, 0.01])
+START_SPREAD = 0.03
+"""Default half-width (m, x and y) of the box the gripper's start is drawn from, around GRIPPER_START."""
+START_SPREAD_Z = 0.01
 SLOTS = np.array([[-0.11, -0.04], [0.11, -0.04], [-0.11, 0.12], [0.11, 0.12]])
 """Table positions the two cubes and two bowls are shuffled into: bowls' rims stay apart by construction (the
 closest slots are 0.16 m apart, jitter moves each object at most 0.015 m per axis)."""
@@ -187,13 +189,15 @@ class PickPlaceEnv:
 
     def __init__(
         self, camera_resolution: int = 64, max_steps: int = 48, seed: int = 0, max_delta: float = MAX_DELTA,
-        physics_substeps: int = 0,
+        physics_substeps: int = 0, start_spread: float = START_SPREAD,
     ) -> None:
         """`physics_substeps`: mj_step calls after each action; they cost simulation time (as a heavier scene's
-        physics would) and change nothing the task observes, since its bodies are mocap-driven."""
-        if camera_resolution < 1 or max_steps < 1 or physics_substeps < 0:
-            raise ValueError(f"camera_resolution and max_steps must be >= 1 and physics_substeps >= 0, got "
-                             f"{camera_resolution}, {max_steps}, {physics_substeps}")
+        physics would) and change nothing the task observes, since its bodies are mocap-driven. `start_spread`: see
+        `init_state`."""
+        if camera_resolution < 1 or max_steps < 1 or physics_substeps < 0 or start_spread < 0:
+            raise ValueError(f"camera_resolution and max_steps must be >= 1, physics_substeps and start_spread >= 0, "
+                             f"got {camera_resolution}, {max_steps}, {physics_substeps}, {start_spread}")
+        self.start_spread = start_spread
         self.camera_resolution = camera_resolution
         self.max_steps = max_steps
         self.max_delta = max_delta
@@ -220,15 +224,20 @@ class PickPlaceEnv:
         return int(self.model.body_mocapid[mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_BODY, body)])
 
     @staticmethod
-    def init_state(task_id: int, init_state_id: int) -> InitState:
-        """The layout of one initial state: cubes and bowls shuffled over SLOTS with jitter, the gripper above the
-        table's centre with jitter."""
+    def init_state(task_id: int, init_state_id: int, start_spread: float = START_SPREAD) -> InitState:
+        """The layout of one initial state: cubes and bowls shuffled over SLOTS with jitter, the gripper drawn from a
+        box around GRIPPER_START, `start_spread` metres either side in x and y (START_SPREAD_Z in z).
+
+        With the default spread the gripper starts between the four slots, so the first steps of an episode decide
+        which cube it goes for and its position tells the rest; a spread that covers the slots (0.15) makes the start
+        say nothing about the target, and the instruction's cube word matters at every step of the approach.
+        """
         if not 0 <= init_state_id < PickPlaceEnv.NUM_INIT_STATES:
             raise ValueError(f"pick_place init_state_id must be in [0, {PickPlaceEnv.NUM_INIT_STATES}), "
                              f"got {init_state_id}")
         task_instruction(task_id)
         rng = np.random.default_rng([6271, task_id, init_state_id])
-        gripper = GRIPPER_START + rng.uniform(-1.0, 1.0, 3) * GRIPPER_START_JITTER
+        gripper = GRIPPER_START + rng.uniform(-1.0, 1.0, 3) * np.array([start_spread, start_spread, START_SPREAD_Z])
         xy = SLOTS[rng.permutation(len(SLOTS))] + rng.uniform(-SLOT_JITTER, SLOT_JITTER, SLOTS.shape)
         cubes = {c: np.array([*xy[i], CUBE_HALF]) for i, c in enumerate(CUBES)}
         bowls = {b: np.array([*xy[len(CUBES) + i], 0.0]) for i, b in enumerate(BOWLS)}
@@ -237,7 +246,7 @@ class PickPlaceEnv:
     def reset(self, task: TaskSpec) -> Observation:
         if task.suite != SUITE:
             raise ValueError(f"PickPlaceEnv plays suite {SUITE!r}, got {task.suite!r}")
-        state = self.init_state(task.task_id, task.init_state_id)
+        state = self.init_state(task.task_id, task.init_state_id, self.start_spread)
         mujoco.mj_resetData(self.model, self.data)
         self.data.mocap_pos[self._gripper_mocap] = state.gripper
         for name, pos in state.cubes.items():
@@ -392,11 +401,16 @@ class PickPlaceSettings:
     physics_substeps: int = 0
     """MuJoCo physics steps (mj_step) run after each action (0: none, the task stays kinematic); real simulation work
     that gives its simulators the cost per env step of a heavier scene."""
+    start_spread: float = START_SPREAD
+    """Half-width (m, x and y) of the box around the table's centre that the gripper starts in. The default keeps it
+    between the four object slots; 0.15 spreads the starts over all of them."""
 
-    BOUNDS: ClassVar[dict[str, Bound]] = {"max_delta": ("> 0", 0, False), "physics_substeps": (">= 0", 0, True)}
+    BOUNDS: ClassVar[dict[str, Bound]] = {"max_delta": ("> 0", 0, False), "physics_substeps": (">= 0", 0, True),
+                                          "start_spread": (">= 0", 0, False)}
 
     def simulator_kwargs(self) -> dict[str, Any]:
-        return {"max_delta": self.max_delta, "physics_substeps": self.physics_substeps}
+        return {"max_delta": self.max_delta, "physics_substeps": self.physics_substeps,
+                "start_spread": self.start_spread}
 
     def startup_problems(self) -> list[str]:
         return []
