@@ -78,13 +78,15 @@ def test_sft_step_dry_run_prints_the_table_and_the_last_line():
     assert "| 0 (warm-up) |" in proc.stdout and "| 1 |" in proc.stdout
 
 
-def test_sft_rl_dry_run_runs_the_five_commands_and_prints_a_line_per_seed(tmp_path):
+def test_sft_rl_dry_run_runs_the_six_commands_and_prints_a_line_per_seed(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sft_rl.py"), "--dry-run", "--seeds", "0",
                            "--out", str(tmp_path)], cwd=ROOT, env=script_env(), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert re.fullmatch(r"sft_rl: task=pick_place seed=0 sft=\d\.\d\d rl=\d\.\d\d minutes=\d+\.\d", lines[-1]), lines
-    for folder in ("demos", "sft", "sft_eval", "rl", "rl_eval"):
+    for folder in ("demos", "sft_first", "sft", "sft_eval", "rl", "rl_eval"):
         assert (tmp_path / "seed_0" / folder).is_dir()
+    first = json.loads((tmp_path / "seed_0" / "sft_first" / "checkpoints" / "step_2" / "config.json").read_text())
+    assert first["vla_scale"]["use_film"] is True and first["vla_scale"]["attention"] == "bidirectional"
     assert (tmp_path / "seed_0" / "rl" / "checkpoints" / "latest").read_text() == "step_1"

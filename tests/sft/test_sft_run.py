@@ -103,6 +103,7 @@ def test_bad_inputs_are_refused_before_any_weight_is_built(tmp_path, dataset, ep
         return str(err.value)
 
     assert "sft.dataset is not set" in refused()
+    assert "sft.first_steps=-1 must be >= 0" in refused(f"sft.dataset={dataset}", "sft.first_steps=-1")
     assert "no dataset folder at" in refused(f"sft.dataset={tmp_path / 'missing'}")
     assert "must split evenly" in refused(f"sft.dataset={dataset}", "sft.batch_size=9", "sft.micro_batches=2")
     text = refused(f"sft.dataset={dataset}", "+sft.cameras.wrist=observation.images.hand")
@@ -116,6 +117,20 @@ def test_bad_inputs_are_refused_before_any_weight_is_built(tmp_path, dataset, ep
     assert "words the policy's tokenizer does not know" in refused(f"sft.dataset={odd}")
     assert "words the policy's tokenizer does not know" in refused(f"sft.dataset={dataset}", "env=reach",
                                                                    "model=tiny")  # another env's tasks
+
+
+def test_first_steps_trains_on_the_head_of_each_demonstration_with_its_statistics(tmp_path, dataset, episodes):
+    """`sft.first_steps=N`: the examples are each episode's first N steps, and the statistics are theirs."""
+    trainer = SupervisedTrainer(_config(f"sft.dataset={dataset}", "sft.first_steps=5"), str(tmp_path / "run"))
+    assert [len(e) for e in trainer.episodes] == [5] * len(episodes)
+    for cut, whole in zip(trainer.episodes, episodes, strict=True):
+        assert np.array_equal(cut.actions, whole.actions[:5]) and np.array_equal(cut.state, whole.state[:5])
+        assert all(np.array_equal(cut.images[c], whole.images[c][:5]) for c in CAMERAS)
+    want = dataset_statistics([e.actions[:5] for e in episodes], [e.state[:5] for e in episodes])
+    assert trainer.vla.spec.norm_stats["pick_place"]["action"]["q99"] == pytest.approx(want["action"]["q99"])
+    assert want["action"]["q99"] != pytest.approx(dataset_statistics([e.actions for e in episodes],
+                                                                      [e.state for e in episodes])["action"]["q99"])
+    assert episodes[0].first(10_000) is episodes[0]
 
 
 @pytest.mark.slow

@@ -72,7 +72,7 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     "deepspeed.param_persistence_threshold": AT_LEAST_0,
     **{f"deepspeed.{k}": AT_LEAST_1 for k in ("prefetch_bucket_size", "max_live_parameters", "sub_group_size")},
     **{f"sft.{k}": AT_LEAST_1 for k in ("steps", "batch_size", "micro_batches", "log_every")},
-    **{f"sft.{k}": AT_LEAST_0 for k in ("weight_decay", "grad_clip", "save_every")},
+    **{f"sft.{k}": AT_LEAST_0 for k in ("weight_decay", "grad_clip", "save_every", "first_steps")},
     "sft.lr": POSITIVE,
     "record.fps": AT_LEAST_1,
     "demo.episodes": AT_LEAST_1,

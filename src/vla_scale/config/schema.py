@@ -333,6 +333,10 @@ class SftConfig:
     """The dataset feature holding the proprio state the env gives."""
     action_key: str = "action"
     """The dataset feature holding the actions the env took."""
+    first_steps: int = 0
+    """Train on the first this many env steps of each demonstration only (0: all of them). Where an instruction
+    decides the first moves (which object to go for) and the rest follows from where the gripper is, a first stage
+    on those steps, then the whole demonstrations from its checkpoint, teaches a small policy to read it (README)."""
     steps: int = 500
     """Optimizer steps of supervised fine-tuning."""
     batch_size: int = 64

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -29,6 +29,14 @@ class Episode:
 
     def __len__(self) -> int:
         return len(self.actions)
+
+    def first(self, steps: int) -> Episode:
+        """The episode's first `steps` env steps (all of it when it is shorter); `success` becomes unknown when
+        steps are cut, since the cut record does not show how the episode ended."""
+        if steps >= len(self):
+            return self
+        return replace(self, images={c: v[:steps] for c, v in self.images.items()}, state=self.state[:steps],
+                       actions=self.actions[:steps], success=None)
 
     def problems(self) -> list[str]:
         """Everything wrong with the record, one message each (empty when it is sound)."""

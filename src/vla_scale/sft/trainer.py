@@ -82,6 +82,8 @@ def load_demonstrations(cfg: Config, vla: PretrainedVLA) -> list[Episode]:
         raise ConfigError(f"sft.dataset={cfg.sft.dataset}: {err}") from err
     if not episodes:
         raise ConfigError(f"sft.dataset={cfg.sft.dataset} has no episodes: record some first")
+    if cfg.sft.first_steps:
+        episodes = [e.first(cfg.sft.first_steps) for e in episodes]
     problems = instruction_problems(vla, [e.instruction for e in episodes])
     if problems:
         raise ConfigError(f"sft.dataset={cfg.sft.dataset}:\n  - " + "\n  - ".join(problems))
