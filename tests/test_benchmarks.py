@@ -90,3 +90,15 @@ def test_sft_rl_dry_run_runs_the_six_commands_and_prints_a_line_per_seed(tmp_pat
     first = json.loads((tmp_path / "seed_0" / "sft_first" / "checkpoints" / "step_2" / "config.json").read_text())
     assert first["vla_scale"]["use_film"] is True and first["vla_scale"]["attention"] == "bidirectional"
     assert (tmp_path / "seed_0" / "rl" / "checkpoints" / "latest").read_text() == "step_1"
+
+
+def test_follows_instruction_scores_the_demonstrator_fully_and_needs_one_policy():
+    script = str(ROOT / "benchmarks" / "follows_instruction.py")
+    proc = subprocess.run([sys.executable, script, "--demonstrator", "--layouts", "3"], cwd=ROOT, env=script_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == ("follows_instruction: policy=demonstrator first_state=0 "
+                                                    "start_spread=0.03 towards_named_cube=24/24")
+    both = subprocess.run([sys.executable, script, "runs/x", "--demonstrator"], cwd=ROOT, env=script_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert both.returncode == 2 and "not both" in both.stderr
