@@ -46,9 +46,11 @@ def in_process(request) -> bool:
 
 
 def make_fleet(stages: int, max_steps: int = 12, timeout_s: float = 60.0, max_failures: int = 3,
-               in_process: bool = True) -> SimFleet:
-    """Simulator processes get 20 s to start (a process stopped while starting is detected after that)."""
-    return SimFleet("reach", {"camera_resolution": 32, "max_steps": max_steps}, size=8,
+               in_process: bool = True, max_delta: float | None = None) -> SimFleet:
+    """Simulator processes get 20 s to start (a process stopped while starting is detected after that).
+    `max_delta`: the reach env's step size (a tiny one keeps every episode running to `max_steps`)."""
+    env = {"camera_resolution": 32, "max_steps": max_steps} | ({} if max_delta is None else {"max_delta": max_delta})
+    return SimFleet("reach", env, size=8,
                     num_workers=2 if stages < 4 else 1, sims_per_worker=2, timeout_s=timeout_s, stages=stages,
                     max_failures=max_failures, boot_timeout_s=20.0, in_process=in_process)
 
@@ -152,7 +154,8 @@ def kill_at_random(pids: list[int], sig: int, delay_range: tuple[float, float], 
 @pytest.mark.parametrize("sig,timeout_s", [(signal.SIGKILL, 60.0), (signal.SIGSTOP, 1.0)], ids=["killed", "hung"])
 def test_rollout_completes_with_every_episode_once_despite_a_fault(parts, sig, timeout_s, in_process):
     engine, processor = parts
-    fleet = make_fleet(stages=2, max_steps=120, timeout_s=timeout_s, in_process=in_process)
+    # steps too small to reach the target: every episode is still running when the fault lands, so it restarts one
+    fleet = make_fleet(stages=2, max_steps=120, timeout_s=timeout_s, in_process=in_process, max_delta=1e-5)
     try:
         loop = EnvLoop(fleet, engine, processor, max_chunks=30)
         tasks, uids = tasks_and_uids(8)
@@ -164,7 +167,7 @@ def test_rollout_completes_with_every_episode_once_despite_a_fault(parts, sig, t
         assert [t.uid for t in trajs] == uids and [t.task for t in trajs] == tasks
         assert loop.stats.restarts >= 1 and sum(t.restarts for t in trajs) >= 1
         for t in trajs:
-            assert t.success or t.env_steps == 120
+            assert not t.success and t.env_steps == 120
             assert len(t) == len(t.tokens) == len(t.images) and len(t) <= 30
     finally:
         fleet.close()
