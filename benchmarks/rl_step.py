@@ -445,7 +445,7 @@ def rollout_sweep(trainer, cfg: Config, costs: list[float], stages: int) -> None
 def update_alone(trainer) -> tuple[float, float]:
     """Seconds and peak GiB of `Actor.grpo_update` on the last step's samples (old log-probs as the algorithm says,
     as the step runs it), mini-batches planned beforehand (nothing else timed)."""
-    plans = plan_update(trainer.last_batch.groups, trainer.cfg.algo, trainer.cfg.model, trainer.processor,
+    plans = plan_update(trainer.last_batch.trajectories, trainer.cfg.algo, trainer.cfg.model, trainer.processor,
                         trainer.mean_over_ranks)
     trainer.memory.for_update()
     device = trainer.actor.device

@@ -85,6 +85,11 @@ class StepBatch:
     rounds: int
     episodes: int
 
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        """The kept episodes, group after group."""
+        return [traj for group in self.groups for traj in group]
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -153,17 +158,18 @@ def kept_groups(trajs: list[Trajectory], uids: list[str], algo: AlgoConfig) -> t
 def mini_batch_samples(trajs: list[Trajectory], advantages: torch.Tensor, algo: AlgoConfig) -> list[list[Sample]]:
     """The samples of each mini-batch, shuffled: token_mean splits the shuffled chunk steps of the whole batch;
     trajectory_mean splits shuffled episodes, so a mini-batch holds whole episodes."""
-    steps = [(episode, step) for episode, traj in enumerate(trajs) for step in range(len(traj))]
+    episodes = [[Sample(traj, step, advantages[i].item(), i) for step in range(len(traj))]
+                for i, traj in enumerate(trajs)]
     if algo.loss_agg == "token_mean":
-        order = torch.randperm(len(steps)).tolist()
-        minis = [[steps[j] for j in part] for part in np.array_split(np.array(order), algo.mini_batches)]
-    else:
-        minis = []
-        for part in np.array_split(np.array(torch.randperm(len(trajs)).tolist()), algo.mini_batches):
-            mine = [(episode, step) for episode in part.tolist() for step in range(len(trajs[episode]))]
-            minis.append([mine[j] for j in torch.randperm(len(mine)).tolist()])
-    return [[Sample(trajs[episode], step, advantages[episode].item(), episode) for episode, step in mini]
-            for mini in minis]
+        samples = [sample for episode in episodes for sample in episode]
+        return [[samples[j] for j in part] for part in shuffled_parts(len(samples), algo.mini_batches)]
+    minis = [[sample for i in part for sample in episodes[i]] for part in shuffled_parts(len(trajs), algo.mini_batches)]
+    return [[mini[j] for j in torch.randperm(len(mini)).tolist()] for mini in minis]
+
+
+def shuffled_parts(n: int, parts: int) -> list[list[int]]:
+    """0..n-1 shuffled (torch's global generator), cut into `parts` consecutive pieces of nearly equal size."""
+    return [part.tolist() for part in np.array_split(np.array(torch.randperm(n).tolist(), dtype=np.int64), parts)]
 
 
 def mini_batch(samples: list[Sample], algo: AlgoConfig, model: ModelConfig, processor: Processor,
@@ -185,11 +191,13 @@ def mini_batch(samples: list[Sample], algo: AlgoConfig, model: ModelConfig, proc
     return MiniBatch(tuple(micro))
 
 
-def plan_update(groups: list[list[Trajectory]], algo: AlgoConfig, model: ModelConfig, processor: Processor,
+def plan_update(trajs: list[Trajectory], algo: AlgoConfig, model: ModelConfig, processor: Processor,
                 mean_over_ranks: MeanOverRanks) -> tuple[MiniBatch, ...]:
-    """The update of the kept `groups`: GRPO advantages per group, then the mini-batches, every micro-batch's inputs
-    built here once."""
-    trajs = [traj for group in groups for traj in group]
+    """The update of the kept episodes (`StepBatch.trajectories`): GRPO advantages per group, then the mini-batches,
+    every micro-batch's inputs built here once. Empty when some rank kept no episode: then no rank updates (every
+    rank must run the same passes; ZeRO-3 gathers are collectives)."""
+    if mean_over_ranks(float(bool(trajs))) < 1.0:
+        return ()
     advantages = group_advantages(torch.tensor([traj.reward for traj in trajs]), [traj.uid for traj in trajs])
     return tuple(mini_batch(samples, algo, model, processor, mean_over_ranks)
                  for samples in mini_batch_samples(trajs, advantages, algo))

@@ -319,7 +319,7 @@ class Trainer:
         with timer("rollout"):
             batch = self.pending if self.pending is not None else self.collect()
         self.pending = None
-        staleness = [self.version - v for group in batch.groups for traj in group for v in traj.versions]
+        staleness = [self.version - v for traj in batch.trajectories for v in traj.versions]
         ahead = self.ahead is not None and self.schedule.collects_ahead_during(self.step)
         if ahead:
             assert self.ahead is not None
@@ -403,11 +403,9 @@ class Trainer:
     def update(self, batch: StepBatch) -> UpdateResult | None:
         """GRPO advantages per group, the mini-batches (`batches.plan_update`), then the actor's update
         (`Actor.grpo_update`: old log-probs, truncated importance weights, mismatch). None when some rank kept no
-        group: then no rank updates (every rank must run the same passes; ZeRO-3 gathers are collectives)."""
-        if self.mean_over_ranks(float(bool(batch.groups))) < 1.0:
-            return None
-        minis = plan_update(batch.groups, self.cfg.algo, self.cfg.model, self.processor, self.mean_over_ranks)
-        return self.actor.grpo_update(minis)
+        group: then no rank updates."""
+        minis = plan_update(batch.trajectories, self.cfg.algo, self.cfg.model, self.processor, self.mean_over_ranks)
+        return self.actor.grpo_update(minis) if minis else None
 
     def sync(self, version: int) -> SyncReport:
         """Actor -> engine in buckets; every rank's engine must hold the actor's exact weights (checksum logged).

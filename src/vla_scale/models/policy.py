@@ -31,7 +31,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from vla_scale.models.action_heads import ActionLogStd, L1RegressionHead, distribution, executable
 from vla_scale.models.actions import ActionTokenizer, DatasetStats
 from vla_scale.models.checkpoint_io import load_weights, read_proprio_dim, read_spec, save_policy
-from vla_scale.models.processor import ImageTransform, PolicyInputs, Processor
+from vla_scale.models.processor import ImageTransform, PolicyInputs, PreparedInputs, Processor
 from vla_scale.models.spec import OFTSpec
 from vla_scale.models.vision import VisionBackbone
 
@@ -292,9 +292,14 @@ class OFTPolicy(nn.Module):
                                         use_cache=False)
         return out.last_hidden_state.gather(1, rows.unsqueeze(-1).expand(-1, -1, embeds.shape[-1]))
 
-    def forward(self, inputs: PolicyInputs) -> Tensor:
+    def forward(self, inputs: PolicyInputs | PreparedInputs, trim: bool = False) -> Tensor:
         """The action head's distribution parameters per action dimension: bin logits float32[B, K, n_bins]
-        (tokens) or (mean, log-std) float32[B, K, 2] (l1), K = chunk*action_dim."""
+        (tokens) or (mean, log-std) float32[B, K, 2] (l1), K = chunk*action_dim. `inputs` are brought to the
+        policy's device first (host-side `PreparedInputs` normalised there); `trim` cuts the prompt columns to the
+        batch's longest prompt (`PolicyInputs.trimmed`)."""
+        inputs = inputs.on(next(self.parameters()).device)
+        if trim:
+            inputs = inputs.trimmed()
         if self.action_head is None:
             return self.action_logits(inputs.pixel_values, inputs.input_ids, inputs.attention_mask, inputs.proprio)
         return self.head_params(self.action_hidden_states(inputs.pixel_values, inputs.input_ids,

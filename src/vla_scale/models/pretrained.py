@@ -238,7 +238,7 @@ class PretrainedVLA:
         output, as the official evaluation acts) or a sample (bins at `temperature`; the l1 head's Gaussian)."""
         policy = self.policy
         batch = self.inputs(observations)
-        params = policy(batch.to(next(policy.parameters()).device)).float()
+        params = policy(batch).float()
         tokens_np = policy.distribution.sample(params, temperature, greedy, generator).cpu().numpy()
         actions = policy.tokens_to_actions(tokens_np, greedy=greedy)
         return Prediction(tokens_np, actions, self.env_actions(actions))

@@ -48,6 +48,10 @@ class PolicyInputs:
     def to(self, device: torch.device | str) -> PolicyInputs:
         return PolicyInputs(*(t.to(device, non_blocking=True) for t in vars(self).values()))
 
+    def on(self, device: torch.device | str) -> PolicyInputs:
+        """These inputs on `device` (as `PreparedInputs.on` makes them)."""
+        return self.to(device)
+
     def trimmed(self) -> PolicyInputs:
         """The prompt columns cut to the batch's longest prompt. Prompts are right-padded to a fixed budget and the
         action slots follow each row's own prompt, so the cut columns are only ever masked keys: every row keeps its

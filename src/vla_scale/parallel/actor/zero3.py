@@ -187,10 +187,6 @@ class Actor:
     def device(self) -> torch.device:
         return self.engine.device
 
-    def _forward(self, inputs: PolicyInputs | PreparedInputs) -> torch.Tensor:
-        inputs = inputs.on(self.device) if isinstance(inputs, PreparedInputs) else inputs.to(self.device)
-        return self.engine(inputs.trimmed() if self.trim else inputs)
-
     def grpo_update(self, minis: Sequence[MiniBatch]) -> UpdateResult:
         """The GRPO update of one RL step: one optimizer step per mini-batch. It owns where the PPO ratio's old
         log-probs come from (`algo.old_logprobs`): the rollout's, or the actor's before the update, recomputed one
@@ -243,7 +239,7 @@ class Actor:
         for index, micro in enumerate(mini.micro_batches):
             share = int(micro.mask.sum()) / tokens_total
             self.engine.set_gradient_accumulation_boundary(index == len(mini.micro_batches) - 1)
-            logits = self._forward(micro.inputs)  # the head's distribution parameters
+            logits = self.engine(micro.inputs, trim=self.trim)  # the head's distribution parameters
             logprobs = self.policy.distribution.logprobs(logits, micro.tokens.to(self.device), self.algo.temperature)
             given = old[index]
             old_lp = logprobs.detach() if given is None else given.to(self.device)
@@ -283,7 +279,8 @@ class Actor:
         for index, (inputs, targets) in enumerate(micro_batches):
             share = len(targets) / total
             self.engine.set_gradient_accumulation_boundary(index == len(micro_batches) - 1)
-            loss, info = supervised_loss(self._forward(inputs), targets.to(self.device), self.policy.spec.action_head)
+            logits = self.engine(inputs, trim=self.trim)
+            loss, info = supervised_loss(logits, targets.to(self.device), self.policy.spec.action_head)
             self.engine.backward(loss * share, scale_wrt_gas=False)
             self.engine.step()
             for key, value in {"loss": loss.item(), **info}.items():
@@ -295,7 +292,7 @@ class Actor:
     def logprobs(self, inputs: PolicyInputs | PreparedInputs, tokens: torch.Tensor) -> torch.Tensor:
         """The actor's log-probs of `tokens` at the sampling temperature (no gradient), float32 on the CPU: the old
         log-probs of `algo.old_logprobs=recompute`. Every rank must call it equally often (ZeRO-3 gathers)."""
-        logprobs = self.policy.distribution.logprobs(self._forward(inputs), tokens.to(self.device),
+        logprobs = self.policy.distribution.logprobs(self.engine(inputs, trim=self.trim), tokens.to(self.device),
                                                      self.algo.temperature)
         return logprobs.float().cpu()
 
