@@ -292,12 +292,14 @@ class OFTPolicy(nn.Module):
                                         use_cache=False)
         return out.last_hidden_state.gather(1, rows.unsqueeze(-1).expand(-1, -1, embeds.shape[-1]))
 
-    def forward(self, inputs: PolicyInputs | PreparedInputs, trim: bool = False) -> Tensor:
+    def forward(self, inputs: PolicyInputs | PreparedInputs, device: torch.device | None = None,
+                trim: bool = False) -> Tensor:
         """The action head's distribution parameters per action dimension: bin logits float32[B, K, n_bins]
-        (tokens) or (mean, log-std) float32[B, K, 2] (l1), K = chunk*action_dim. `inputs` are brought to the
-        policy's device first (host-side `PreparedInputs` normalised there); `trim` cuts the prompt columns to the
-        batch's longest prompt (`PolicyInputs.trimmed`)."""
-        inputs = inputs.on(next(self.parameters()).device)
+        (tokens) or (mean, log-std) float32[B, K, 2] (l1), K = chunk*action_dim. `inputs` are brought to `device`
+        first (host-side `PreparedInputs` normalised there). By default that is the first parameter's device; the
+        ZeRO-3 actor names its own, since offloaded parameters live on the host. `trim` cuts the prompt columns to
+        the batch's longest prompt (`PolicyInputs.trimmed`)."""
+        inputs = inputs.on(device or next(self.parameters()).device)
         if trim:
             inputs = inputs.trimmed()
         if self.action_head is None:

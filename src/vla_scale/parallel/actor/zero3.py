@@ -239,7 +239,7 @@ class Actor:
         for index, micro in enumerate(mini.micro_batches):
             share = int(micro.mask.sum()) / tokens_total
             self.engine.set_gradient_accumulation_boundary(index == len(mini.micro_batches) - 1)
-            logits = self.engine(micro.inputs, trim=self.trim)  # the head's distribution parameters
+            logits = self.engine(micro.inputs, device=self.device, trim=self.trim)  # the head's distribution parameters
             logprobs = self.policy.distribution.logprobs(logits, micro.tokens.to(self.device), self.algo.temperature)
             given = old[index]
             old_lp = logprobs.detach() if given is None else given.to(self.device)
@@ -279,7 +279,7 @@ class Actor:
         for index, (inputs, targets) in enumerate(micro_batches):
             share = len(targets) / total
             self.engine.set_gradient_accumulation_boundary(index == len(micro_batches) - 1)
-            logits = self.engine(inputs, trim=self.trim)
+            logits = self.engine(inputs, device=self.device, trim=self.trim)
             loss, info = supervised_loss(logits, targets.to(self.device), self.policy.spec.action_head)
             self.engine.backward(loss * share, scale_wrt_gas=False)
             self.engine.step()
@@ -292,8 +292,8 @@ class Actor:
     def logprobs(self, inputs: PolicyInputs | PreparedInputs, tokens: torch.Tensor) -> torch.Tensor:
         """The actor's log-probs of `tokens` at the sampling temperature (no gradient), float32 on the CPU: the old
         log-probs of `algo.old_logprobs=recompute`. Every rank must call it equally often (ZeRO-3 gathers)."""
-        logprobs = self.policy.distribution.logprobs(self.engine(inputs, trim=self.trim), tokens.to(self.device),
-                                                     self.algo.temperature)
+        logits = self.engine(inputs, device=self.device, trim=self.trim)
+        logprobs = self.policy.distribution.logprobs(logits, tokens.to(self.device), self.algo.temperature)
         return logprobs.float().cpu()
 
     def offload_states(self) -> None:
