@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import shutil
 from fractions import Fraction
 from pathlib import Path
 
@@ -159,7 +160,7 @@ def edited(recorded: Path, tmp_path: Path, feature: str, shape: list[int]) -> Pa
     """A copy of the recorded dataset's metadata with one feature's shape changed (no data: only metadata is read)."""
     info = info_of(recorded)
     info["features"][feature]["shape"] = shape
-    (tmp_path / "meta").mkdir()
+    shutil.copytree(recorded / "meta", tmp_path / "meta")
     (tmp_path / "meta/info.json").write_text(json.dumps(info))
     return tmp_path
 
@@ -221,6 +222,51 @@ def test_every_problem_is_said_at_once(recorded: Path, tmp_path: Path) -> None:
     problems = refused(root, keys, action_dim=7, state_dim=4)
     assert len(problems) == 3
     assert "not a 1-D vector" in problems[1] and "'actions' is not in the dataset" in problems[2]
+
+
+@pytest.mark.parametrize("version", ["v2.1", "v3.0"])
+def test_a_dataset_that_announces_episodes_without_their_list_is_refused_naming_it(tmp_path: Path,
+                                                                                   version: str) -> None:
+    root = write_dataset(tmp_path / "ds", make_episodes(), KEYS, version=version, video=False)
+    listing = root / ("meta/episodes" if version == "v3.0" else "meta/episodes.jsonl")
+    shutil.rmtree(listing) if listing.is_dir() else listing.unlink()
+    (problem,) = refused(root)
+    assert f"has no {listing.relative_to(root)}" in problem and "meta/info.json announces 4 episodes" in problem
+    assert ("LeRobotDataset.finalize()" in problem) == (version == "v3.0")
+    (root / "meta/tasks.jsonl" if version == "v2.1" else root / "meta/tasks.parquet").unlink()
+    problems = refused(root)
+    assert len(problems) == 2 and "(the tasks' text), yet meta/info.json announces 4 episodes" in problems[0]
+
+
+def test_an_unfinished_episode_list_is_refused(tmp_path: Path) -> None:
+    """meta/episodes as a recording leaves it before finalize(): a parquet file without its footer, or fewer rows
+    than meta/info.json counts."""
+    root = write_dataset(tmp_path / "v30", make_episodes(), KEYS, video=False)
+    listing = root / "meta/episodes/chunk-000/file-000.parquet"
+    whole = listing.read_bytes()
+    listing.write_bytes(whole[:len(whole) // 2])
+    (problem,) = refused(root)
+    assert problem.startswith("meta/episodes/chunk-000/file-000.parquet cannot be read as parquet")
+    assert "finalize()" in problem
+    pq.write_table(pq.read_table(pa.BufferReader(whole)).slice(0, 3), listing)
+    (problem,) = refused(root)
+    assert "meta/episodes lists 3 episodes, yet meta/info.json announces 4 episodes" in problem
+    root = write_dataset(tmp_path / "v21", make_episodes(), KEYS, version="v2.1", video=False)
+    lines = (root / "meta/episodes.jsonl").read_text().splitlines()
+    (root / "meta/episodes.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    (problem,) = refused(root)
+    assert "meta/episodes.jsonl lists 2 episodes, yet meta/info.json announces 4 episodes" in problem
+
+
+def test_a_dataset_that_announces_no_episode_reads_as_none(tmp_path: Path) -> None:
+    """As LeRobotDataset.create() leaves a dataset before its first episode: meta/info.json alone."""
+    root = write_dataset(tmp_path / "ds", make_episodes(), KEYS, video=False)
+    info = info_of(root) | {"total_episodes": 0, "total_frames": 0, "total_tasks": 0, "splits": {}}
+    shutil.rmtree(root / "meta")
+    shutil.rmtree(root / "data")
+    (root / "meta").mkdir()
+    (root / "meta/info.json").write_text(json.dumps(info))
+    assert dataset_problems(root, KEYS) == [] and read_dataset(root, KEYS) == []
 
 
 # Datasets laid out by hand the way LeRobot lays them out (pyarrow and PyAV directly), read without our writer.

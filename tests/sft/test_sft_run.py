@@ -5,6 +5,7 @@ built."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,10 @@ def test_bad_inputs_are_refused_before_any_weight_is_built(tmp_path, dataset, ep
     six = [Episode(e.instruction, e.images, e.state, e.actions[:, :6], e.success) for e in episodes[:1]]
     narrow = write_dataset(tmp_path / "six", six, KEYS, video=False)
     assert "map sft.action_key to a 7-dim feature" in refused(f"sft.dataset={narrow}")
+    unfinished = shutil.copytree(dataset, tmp_path / "unfinished")
+    shutil.rmtree(unfinished / "meta/episodes")  # as a recording leaves it before LeRobotDataset.finalize()
+    text = refused(f"sft.dataset={unfinished}")
+    assert "has no meta/episodes/" in text and "announces 4 episodes" in text and "record some first" not in text
     strange = [Episode("stack the purple cube", e.images, e.state, e.actions, e.success) for e in episodes[:1]]
     odd = write_dataset(tmp_path / "odd", strange, KEYS, video=False)
     assert "words the policy's tokenizer does not know" in refused(f"sft.dataset={odd}")

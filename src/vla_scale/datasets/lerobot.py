@@ -67,6 +67,8 @@ def read_dataset(root: Path | str, keys: LeRobotKeys, *, action_dim: int | None 
         raise DatasetError(root, problems)
     root = Path(root)
     info = load_info(root)
+    if info.get("total_episodes") == 0:  # as LeRobot leaves a dataset before its first episode: no lists in meta/
+        return []
     size = (image_size, image_size) if isinstance(image_size, int) else image_size
     try:
         return LAYOUTS[info["codebase_version"]].read(root, info, keys, size)

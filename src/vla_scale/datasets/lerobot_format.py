@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from vla_scale.datasets.episodes import Episode
 
 INFO_PATH = "meta/info.json"
@@ -24,6 +27,11 @@ INDEX_FEATURES: dict[str, dict[str, Any]] = {
     "task_index": {"dtype": "int64", "shape": [1], "names": None},
 }
 """The per-frame columns every LeRobot dataset has besides its own features."""
+EPISODES_META = {"v2.1": "meta/episodes.jsonl", "v3.0": "meta/episodes"}
+"""Where each layout lists its episodes (v3.0: a folder of chunk-XXX/file-XXX.parquet)."""
+TASKS_META = {"v2.1": "meta/tasks.jsonl", "v3.0": "meta/tasks.parquet"}
+UNFINISHED = ("a recording stopped before LeRobotDataset.finalize() leaves it so (LeRobot writes meta/episodes in "
+              "batches and completes it there): call finalize() when recording ends, or record the dataset again")
 
 
 class DatasetError(ValueError):
@@ -110,9 +118,10 @@ def writing_problems(episodes: list[Episode], keys: LeRobotKeys) -> list[str]:
 
 def dataset_problems(root: Path | str, keys: LeRobotKeys, *, action_dim: int | None = None,
                      state_dim: int | None = None, env_name: str | None = None) -> list[str]:
-    """Everything that keeps the dataset at `root` from giving episodes under `keys`, read from meta/info.json alone
-    (no data file is opened). `action_dim`/`state_dim`: what the env takes and gives (None: not checked);
-    `env_name` names the env in those messages. Empty when the dataset can be read."""
+    """Everything that keeps the dataset at `root` from giving episodes under `keys`, read from meta/ alone (no data
+    or video file is opened): meta/info.json, and the episode and task lists that it announces episodes in.
+    `action_dim`/`state_dim`: what the env takes and gives (None: not checked); `env_name` names the env in those
+    messages. Empty when the dataset can be read."""
     root = Path(root)
     if not root.is_dir():
         return [f"no dataset folder at {root}: record one there or point to an existing LeRobot dataset"]
@@ -131,7 +140,43 @@ def dataset_problems(root: Path | str, keys: LeRobotKeys, *, action_dim: int | N
         return [f"{root / INFO_PATH} has no `features` block"]
     env = f"env.name={env_name}" if env_name else "the env"
     return (camera_problems(features, keys) + vector_problems(features, keys, "state", state_dim, env)
-            + vector_problems(features, keys, "action", action_dim, env))
+            + vector_problems(features, keys, "action", action_dim, env) + listing_problems(root, info, version))
+
+
+def listing_problems(root: Path, info: dict[str, Any], version: str) -> list[str]:
+    """The episode and task lists of meta/ that are missing, unreadable or shorter than meta/info.json's
+    `total_episodes` (a dataset that announces no episode needs neither)."""
+    announced = info.get("total_episodes")
+    if announced == 0:
+        return []
+    said = f"meta/info.json announces {announced} episodes" if isinstance(announced, int) else \
+        "meta/info.json gives no total_episodes"
+    found, advice = [], UNFINISHED if version == "v3.0" else "copy the dataset whole or record it again"
+    if not (root / TASKS_META[version]).is_file():
+        found.append(f"{root} has no {TASKS_META[version]} (the tasks' text), yet {said}: {advice}")
+    listing = root / EPISODES_META[version]
+    if version == "v3.0":
+        files = sorted(listing.glob("*/*.parquet"))
+        if not files:
+            what = "no parquet file in" if listing.is_dir() else "no"
+            return found + [f"{root} has {what} {EPISODES_META[version]}/ (each episode's rows: its length, data and "
+                            f"video files, tasks), yet {said}: {UNFINISHED}"]
+        listed = 0
+        for path in files:
+            try:
+                listed += pq.ParquetFile(path).metadata.num_rows
+            except (OSError, pa.ArrowException) as error:
+                found.append(f"{path.relative_to(root)} cannot be read as parquet ({error}): {UNFINISHED}")
+        if found:
+            return found
+    else:
+        if not listing.is_file():
+            return found + [f"{root} has no {EPISODES_META[version]} (each episode's length and tasks), yet {said}: "
+                            f"{advice}"]
+        listed = sum(1 for line in listing.read_text().splitlines() if line.strip())
+    if isinstance(announced, int) and listed < announced:
+        found.append(f"{EPISODES_META[version]} lists {listed} episodes, yet {said}: {advice}")
+    return found
 
 
 def _listing(features: dict[str, dict[str, Any]], dtypes: tuple[str, ...] | None = None) -> str:
