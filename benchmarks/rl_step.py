@@ -506,8 +506,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    args = parse()
+def main(args: argparse.Namespace) -> None:
     if args.action_head == "l1":
         args.only_ours = True  # the anchors' trainers decode LM-head bins only
     if args.dry_run:
@@ -630,8 +629,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    arguments = parse()  # before the try: --help and a bad argument end here, through argparse's own exit
     try:
-        main()
+        main(arguments)
     except BaseException:
         traceback.print_exc()
         sys.stdout.flush()

@@ -22,6 +22,17 @@ def rl_step(*args: str) -> list[str]:
     return proc.stdout.strip().splitlines()
 
 
+def test_rl_step_help_prints_the_options_and_exits_0():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rl_step.py"), "--help"], cwd=ROOT,
+                          env=script_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.startswith("usage: rl_step.py") and "--dry-run" in proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rl_step.py"), "--stages", "two"], cwd=ROOT,
+                         env=script_env(), capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "invalid int value: 'two'" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_rl_step_dry_run_prints_both_ways_and_the_last_line():
     lines = rl_step("--memory-gib", "80", "--micro-batch", "4")
     assert re.fullmatch(r"rl_step: step_speedup=\d+\.\d\d rollout_speedup=\d+\.\d\d update_mfu=\d+\.\d\d "
