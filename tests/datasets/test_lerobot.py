@@ -10,16 +10,24 @@ import shutil
 from fractions import Fraction
 from pathlib import Path
 
-import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from vla_scale.datasets import lerobot_v30
-from vla_scale.datasets.episodes import Episode
-from vla_scale.datasets.lerobot import DatasetError, LeRobotKeys, dataset_problems, read_dataset, write_dataset
+# before the imports that need it: without PyAV the module is skipped, not a collection error
+av = pytest.importorskip("av", reason="PyAV (the av package) writes and reads the datasets' videos: `make install`")
+
+from vla_scale.datasets import lerobot_v30  # noqa: E402
+from vla_scale.datasets.episodes import Episode  # noqa: E402
+from vla_scale.datasets.lerobot import (  # noqa: E402
+    DatasetError,
+    LeRobotKeys,
+    dataset_problems,
+    read_dataset,
+    write_dataset,
+)
 
 KEYS = LeRobotKeys({"agentview": "observation.images.image", "wrist": "observation.images.wrist_image"})
 FORMATS = [("v2.1", True), ("v2.1", False), ("v3.0", True), ("v3.0", False)]

@@ -12,16 +12,19 @@ import numpy as np
 import pytest
 from conftest import ROOT, read_scalars
 
-from vla_scale import checkpoint
-from vla_scale.config import ConfigError
-from vla_scale.datasets.episodes import Episode
-from vla_scale.datasets.lerobot import LeRobotKeys, write_dataset
-from vla_scale.envs.pick_place import CAMERAS, PickPlaceEnv
-from vla_scale.envs.pick_place_demo import Demonstrator, play
-from vla_scale.envs.types import TaskSpec
-from vla_scale.run_policy import vla_for_env
-from vla_scale.sft.statistics import dataset_statistics
-from vla_scale.sft.trainer import SftComplete, SupervisedTrainer
+# before the imports that need it: without PyAV the module is skipped, not a collection error
+pytest.importorskip("av", reason="PyAV (the av package) writes and reads the datasets' videos: `make install`")
+
+from vla_scale import checkpoint  # noqa: E402
+from vla_scale.config import ConfigError  # noqa: E402
+from vla_scale.datasets.episodes import Episode  # noqa: E402
+from vla_scale.datasets.lerobot import LeRobotKeys, write_dataset  # noqa: E402
+from vla_scale.envs.pick_place import CAMERAS, PickPlaceEnv  # noqa: E402
+from vla_scale.envs.pick_place_demo import Demonstrator, play  # noqa: E402
+from vla_scale.envs.types import TaskSpec  # noqa: E402
+from vla_scale.run_policy import vla_for_env  # noqa: E402
+from vla_scale.sft.statistics import dataset_statistics  # noqa: E402
+from vla_scale.sft.trainer import SftComplete, SupervisedTrainer  # noqa: E402
 
 KEYS = LeRobotKeys(cameras={c: f"observation.images.{c}" for c in CAMERAS})
 
