@@ -3,6 +3,7 @@
     python benchmarks/rl_step.py --model oft_7b                    # one H200: ~10 min
     python benchmarks/rl_step.py --model oft_7b --sim-ms 26        # simulators as costly per env step as LIBERO's
     python benchmarks/rl_step.py --model tiny --dry-run            # CPU: the whole script in seconds (make test)
+    python benchmarks/rl_step.py --model oft_7b --memory-gib 80 --dry-run  # CPU: its plan and memory, in seconds
 
 The trainer is built as `launch/train.py` builds it (`Trainer`: the ZeRO-3 actor under the `zero3_bf16` settings,
 the rollout engine on the same device, the embedded reach task's simulators in their processes, rendering through
@@ -76,7 +77,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from vla_scale.batches import Sample, plan_update, policy_inputs  # noqa: E402
-from vla_scale.config import Config, register_configs, to_config, validate  # noqa: E402
+from vla_scale.config import Config, ConfigError, register_configs, to_config, validate  # noqa: E402
 from vla_scale.models.processor import PolicyInputs  # noqa: E402
 from vla_scale.rollout.engine import Decoded, RolloutEngine  # noqa: E402
 from vla_scale.rollout.env_loop import EnvLoop  # noqa: E402
@@ -120,15 +121,22 @@ def parse() -> argparse.Namespace:
     p.add_argument("--action-head", default="tokens", choices=("tokens", "l1"),
                    help="model.action_head: l1 trains the L1-regression head's Gaussian (our way only: the anchors "
                         "cannot train it)")
-    p.add_argument("--dry-run", action="store_true", help="CPU, small batch: check the script end to end")
+    p.add_argument("--dry-run", action="store_true",
+                   help="CPU: the script end to end at a small batch with the policy shrunk to a few thousand "
+                        "parameters; for a model with timm towers (oft_7b), which do not shrink, its plan and memory "
+                        "arithmetic at its size instead, no weight built")
     p.add_argument("--json", default="", help="write every figure here too")
     return p.parse_args()
 
 
-def trainer_config(args: argparse.Namespace, substeps: int) -> Config:
+def trainer_config(args: argparse.Namespace, substeps: int, gpu: bool | None = None,
+                   shrink: bool | None = None, check: bool = True) -> Config:
+    """The run's configuration, `check`ed (`validate`). `gpu`: the settings of a run on a GPU or on the CPU (None:
+    this machine's); `shrink`: the policy shrunk to a few thousand parameters (None: with --dry-run)."""
     from hydra import compose, initialize_config_dir
 
-    gpu = torch.cuda.is_available()
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    shrink = args.dry_run if shrink is None else shrink
     moves = gpu and not args.max_staleness  # what the engine and the actor's states leave the GPU for, in turn
     episodes = args.groups * args.group_size
     samples = episodes * -(-args.max_steps // 8)
@@ -154,10 +162,10 @@ def trainer_config(args: argparse.Namespace, substeps: int) -> Config:
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = to_config(compose(config_name="config", overrides=overrides))
-    if args.dry_run:
+    if shrink:
         cfg = replace(cfg, model=replace(cfg.model, hidden_size=32, intermediate_size=64, num_layers=1,
                                          vision_dim=32, num_heads=2))
-    return validate(cfg)
+    return validate(cfg) if check else cfg
 
 
 def anchors_update(cfg: Config, samples: int) -> Config:
@@ -443,17 +451,17 @@ def rollout_sweep(trainer, cfg: Config, costs: list[float], stages: int) -> None
 
 
 def update_alone(trainer) -> tuple[float, float]:
-    """Seconds and peak GiB of `Actor.grpo_update` on the last step's samples (old log-probs as the algorithm says,
+    """Seconds and peak GiB of `Actor.update` on the last step's samples (old log-probs as the algorithm says,
     as the step runs it), mini-batches planned beforehand (nothing else timed)."""
-    plans = plan_update(trainer.last_batch.trajectories, trainer.cfg.algo, trainer.cfg.model, trainer.processor,
-                        trainer.mean_over_ranks)
+    plan = plan_update(trainer.last_batch.trajectories, trainer.cfg.algo, trainer.cfg.model, trainer.processor,
+                       trainer.mean_over_ranks)
     trainer.memory.for_update()
     device = trainer.actor.device
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
-    trainer.actor.grpo_update(plans)
+    trainer.actor.update(plan, trainer.step)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
@@ -500,6 +508,107 @@ COLUMNS = [("way", "way", "{}"), ("step_s", "step s", "{:.1f}"), ("time/rollout_
            ("train/staleness_mean", "staleness", "{:.1f}"), ("rollout/ahead_urgent", "ahead first", "{:.0f}")]
 
 
+GIB = 2**30
+OPTIMIZER_BYTES = 12
+"""Per trained parameter: AdamW's fp32 master weight and its two fp32 moments."""
+
+
+def policy_on_meta(cfg: Config) -> torch.nn.Module:
+    """The run's fresh policy (adapters too, with model.lora.rank) on the meta device: every parameter's shape, no
+    weight allocated nor initialised."""
+    from transformers import initialization
+
+    from vla_scale.envs.registry import simulator
+    from vla_scale.models.lora import add_adapters
+    from vla_scale.models.policy import OFTPolicy
+    from vla_scale.models.tokenizer import WordTokenizer
+    from vla_scale.run_policy import spec_from_model_config
+
+    tokenizer = WordTokenizer.from_instructions(simulator(cfg.env.name).instructions(cfg.env.suite))
+    spec = spec_from_model_config(cfg.model, tokenizer.vocab_size, tokenizer.eos_id)
+    with initialization.no_init_weights():
+        policy = OFTPolicy.from_spec(spec, device="meta")
+    if cfg.model.lora.rank:
+        add_adapters(policy, cfg.model.lora)
+    return policy
+
+
+def memory_plan(cfg: Config, policy: torch.nn.Module) -> dict[str, float]:
+    """Bytes of the weights, gradients and optimizer state a one-device run of `cfg` holds, from the parameter counts
+    alone, and where each lies in each phase under `cfg.deepspeed` (activations and decode buffers come on top):
+
+    - the actor's weights, 2 bytes a parameter in bf16 (4 in fp32), and a gradient of each trained one alike;
+    - the optimizer state, OPTIMIZER_BYTES a trained parameter: in pinned host memory when streamed
+      (`deepspeed.stream_optimizer_states`; it visits the GPU one sub-group at a time), else on the GPU, moved to the
+      host during the rollout with `deepspeed.offload_states_during_rollout`;
+    - the rollout engine's copy of the merged weights (no adapters), bf16, or with `rollout.precision=fp8` one byte a
+      parameter of the Llama layers' matrices; released during the update with
+      `deepspeed.release_engine_during_update`.
+    """
+    from vla_scale.models.lora import is_adapter
+
+    named = list(policy.named_parameters())
+    width = 2 if cfg.deepspeed.bf16 else 4
+    params = sum(p.numel() for _, p in named)
+    trained = sum(p.numel() for _, p in named if p.requires_grad)
+    served = [(n, p) for n, p in named if not is_adapter(n)]
+    fp8 = sum(p.numel() for n, p in served if cfg.rollout.precision == "fp8" and p.ndim == 2
+              and n.startswith("language_model.model.layers."))
+    actor, grads = params * width, trained * width
+    engine = (sum(p.numel() for _, p in served) - fp8) * width + fp8
+    optimizer = trained * OPTIMIZER_BYTES
+    streamed = cfg.deepspeed.stream_optimizer_states
+    ds = cfg.deepspeed
+    return {"params": params, "trained": trained, "actor_gib": actor / GIB, "grads_gib": grads / GIB,
+            "engine_gib": engine / GIB, "optimizer_gib": optimizer / GIB,
+            "rollout_gib": (actor + grads + engine
+                            + (0 if streamed or ds.offload_states_during_rollout else optimizer)) / GIB,
+            "update_gib": (actor + grads + (0 if ds.release_engine_during_update else engine)
+                           + (0 if streamed else optimizer)) / GIB,
+            "host_gib": (optimizer if streamed or ds.offload_states_during_rollout else 0) / GIB}
+
+
+def print_plan(args: argparse.Namespace, cfg: Config) -> bool:
+    """The plan of the run `cfg` (the model at its own size, as a GPU runs it: `trainer_config(..., gpu=True,
+    shrink=False)`): the samples and micro-batches of a step, the memory arithmetic of both ways (no weight is built)
+    and whether our way's weights, gradients and optimizer state leave room under --memory-gib. False when they do
+    not."""
+    chunks = -(-cfg.env.max_steps // cfg.model.chunk_len)
+    episodes = cfg.algo.batch_size * cfg.algo.group_size
+    samples = episodes * chunks
+    anchors = anchors_update(cfg, samples)
+    policy = policy_on_meta(cfg)
+    print(f"rl_step plan: model={cfg.model.name} ({cfg.model.action_head} head, lora rank {cfg.model.lora.rank}) "
+          f"{episodes} episodes/step x {chunks} chunks = {samples} samples; update in {cfg.algo.micro_batches} "
+          f"micro-batches of ~{samples // cfg.algo.micro_batches} (ours), {anchors.algo.micro_batches} of "
+          f"~{samples // anchors.algo.micro_batches} (anchors); rollout {cfg.rollout.precision} in "
+          f"{cfg.rollout.pipeline_stage_num} stages; {cfg.parallel.num_workers * cfg.parallel.sims_per_worker} "
+          "simulator processes", flush=True)
+    ok = True
+    for way, way_cfg in (("ours", cfg), ("anchors", replace(cfg, deepspeed=replace(
+            anchors.deepspeed, offload_states_during_rollout=True, release_engine_during_update=True)))):
+        m = memory_plan(way_cfg, policy)
+        line = (f"rl_step plan memory ({way}): {m['params'] / 1e9:.3f}B parameters, {m['trained'] / 1e9:.3f}B "
+                f"trained; actor {m['actor_gib']:.1f} GiB + gradients {m['grads_gib']:.1f} + optimizer state "
+                f"{m['optimizer_gib']:.1f} + engine {m['engine_gib']:.1f}; on the GPU before activations: rollout "
+                f"{m['rollout_gib']:.1f} GiB, update {m['update_gib']:.1f} GiB; host {m['host_gib']:.1f} GiB")
+        if way == "ours" and args.memory_gib:
+            floor = max(m["rollout_gib"], m["update_gib"])
+            fits = floor < args.memory_gib
+            ok = ok and fits
+            line += (f"; {args.memory_gib - floor:.1f} GiB left for activations under --memory-gib "
+                     f"{args.memory_gib:g}" if fits else
+                     f"; does not fit --memory-gib {args.memory_gib:g}: train LoRA adapters (--lora-rank) or give "
+                     "it more memory")
+        print(line, flush=True)
+        if way == "ours":
+            ours = m
+    print(f"rl_step plan: model={cfg.model.name} params={ours['params'] / 1e9:.3f}B rollout_gib="
+          f"{ours['rollout_gib']:.1f} update_gib={ours['update_gib']:.1f} host_gib={ours['host_gib']:.1f} "
+          f"fits={'unchecked' if not args.memory_gib else 'yes' if ok else 'no'}", flush=True)
+    return ok
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(fmt.format(r[key]) for key, _, fmt in COLUMNS) + " |" for r in rows]
@@ -509,6 +618,17 @@ def table(rows: list[dict]) -> str:
 def main(args: argparse.Namespace) -> None:
     if args.action_head == "l1":
         args.only_ours = True  # the anchors' trainers decode LM-head bins only
+    if args.dry_run and (full := trainer_config(args, 0, gpu=True, shrink=False, check=False)).model.timm_model_ids:
+        print(f"rl_step dry run: model={args.model}'s pretrained-architecture (timm) vision towers do not shrink to a "
+              "CPU run: the plan and its memory arithmetic at the model's size only, its weights are not built (the "
+              "script end to end: --model tiny --dry-run)", flush=True)
+        try:
+            fits = print_plan(args, validate(full))
+        except ConfigError as err:
+            print(f"rl_step plan: {err}", flush=True)
+            fits = False
+        sys.stdout.flush()
+        os._exit(0 if fits else 1)
     if args.dry_run:
         args.groups, args.group_size, args.max_steps, args.workers, args.sims = 2, 4, 16, 1, 2
         args.steps, args.micro_batch, args.warmup_steps = 1, 8, 0

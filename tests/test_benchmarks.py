@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,37 @@ def test_rl_step_help_prints_the_options_and_exits_0():
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rl_step.py"), "--stages", "two"], cwd=ROOT,
                          env=script_env(), capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "invalid int value: 'two'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def planned(*args: str) -> subprocess.CompletedProcess[str]:
+    """rl_step --dry-run at oft_7b's size in at most 4 GiB of data memory: 7.6B parameters built would need 28 GiB
+    in float32, so the plan must come from their shapes alone."""
+    def small() -> None:
+        resource.setrlimit(resource.RLIMIT_DATA, (4 * 2**30, 4 * 2**30))
+
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rl_step.py"), "--model", "oft_7b", "--dry-run",
+                           *args], cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=120,
+                          preexec_fn=small)
+
+
+def test_rl_step_dry_run_at_7b_checks_the_plan_and_memory_without_building_the_policy():
+    proc = planned("--memory-gib", "80", "--micro-batch", "192")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert "its weights are not built" in lines[0] and "do not shrink to a CPU run" in lines[0]
+    assert "768 samples; update in 4 micro-batches of ~192 (ours), 48 of ~16 (anchors)" in lines[1]
+    assert "7.558B parameters" in lines[2] and "37.8 GiB left for activations under --memory-gib 80" in lines[2]
+    assert "update 112.1 GiB" in lines[3]  # the anchors' optimizer state on the GPU during their update
+    assert lines[-1] == ("rl_step plan: model=oft_7b params=7.558B rollout_gib=42.2 update_gib=28.1 host_gib=84.0 "
+                         "fits=yes")
+    short = planned("--memory-gib", "40")
+    assert short.returncode == 1 and "does not fit --memory-gib 40: train LoRA adapters" in short.stdout
+    assert short.stdout.strip().splitlines()[-1].endswith("fits=no")
+    bad = planned("--micro-batch", "4")
+    assert bad.returncode == 1 and "rl_step plan: invalid configuration" in bad.stdout
+    assert "1*192 exceeds 96" in bad.stdout and "Traceback" not in bad.stderr
+    lora = planned("--memory-gib", "48", "--lora-rank", "32")
+    assert lora.returncode == 0 and "0.110B trained" in lora.stdout, lora.stdout[-3000:] + lora.stderr[-3000:]
 
 
 def test_rl_step_dry_run_prints_both_ways_and_the_last_line():
