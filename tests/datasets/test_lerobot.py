@@ -91,6 +91,20 @@ def test_a_written_dataset_reads_back_exactly(tmp_path: Path, version: str, vide
         assert len((root / "meta/episodes_stats.jsonl").read_text().splitlines()) == 4
 
 
+LEROBOT_VIDEO_INFO = ["video.height", "video.width", "video.codec", "video.pix_fmt", "video.is_depth_map",
+                      "video.fps", "video.channels", "has_audio"]
+"""The keys, in order, of LeRobot's get_video_info() for a video without audio (0.4.4; 0.3.3 the same)."""
+
+
+@pytest.mark.parametrize("version", ["v2.1", "v3.0"])
+def test_video_features_carry_lerobots_info_keys(tmp_path: Path, version: str) -> None:
+    root = write_dataset(tmp_path / "ds", make_episodes()[:1], KEYS, version=version)
+    for key in KEYS.cameras.values():
+        info = info_of(root)["features"][key]["info"]
+        assert list(info) == LEROBOT_VIDEO_INFO
+        assert (info["video.is_depth_map"], info["video.channels"], info["has_audio"]) == (False, 3, False)
+
+
 def test_v30_starts_new_files_at_its_size_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Limits of 0 MB: every episode opens a new data file and new video files, located by meta/episodes."""
     monkeypatch.setattr(lerobot_v30, "DATA_FILE_MB", 0)

@@ -53,7 +53,7 @@ def write(root: Path, episodes: list[Episode], keys: LeRobotKeys, *, fps: int, c
     if codec is not None:
         for key in keys.cameras.values():
             first = root / VIDEO_PATH.format(episode_chunk=0, video_key=key, episode_index=0)
-            features[key]["info"] = video_info(first) | {"video.is_depth_map": False}
+            features[key]["info"] = video_info(first)
     _write_lines(root / "meta/tasks.jsonl", [{"task_index": i, "task": text} for text, i in tasks.items()])
     _write_lines(root / "meta/episodes.jsonl", listed)
     _write_lines(root / "meta/episodes_stats.jsonl", stats)

@@ -120,7 +120,7 @@ def write(root: Path, episodes: list[Episode], keys: LeRobotKeys, *, fps: int, c
     data.flush()
     for key, files in videos.items():
         files.close()
-        features[key]["info"] = video_info(files.first_path) | {"is_depth_map": False}
+        features[key]["info"] = video_info(files.first_path)
     _write_meta(root, rows, tasks, aggregate(stats), info(features, episodes, fps, codec is not None, robot_type))
 
 

@@ -113,10 +113,12 @@ def decode_video(path: Path) -> DecodedVideo:
 
 
 def video_info(path: Path) -> dict[str, object]:
-    """The stream facts LeRobot keeps in a video feature's `info` block of meta/info.json, read from the file."""
+    """The stream facts LeRobot keeps in a video feature's `info` block of meta/info.json, read from the file: the
+    keys and their order of LeRobot's get_video_info() (0.4.4, and 0.3.3's for v2.1) for a colour video without
+    audio."""
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         return {"video.height": stream.height, "video.width": stream.width,
                 "video.codec": stream.codec_context.codec.canonical_name, "video.pix_fmt": stream.pix_fmt,
-                "video.fps": int(stream.base_rate or stream.average_rate), "video.channels": 3,
-                "has_audio": len(container.streams.audio) > 0}
+                "video.is_depth_map": False, "video.fps": int(stream.base_rate or stream.average_rate),
+                "video.channels": 3, "has_audio": len(container.streams.audio) > 0}
