@@ -105,6 +105,28 @@ def test_video_features_carry_lerobots_info_keys(tmp_path: Path, version: str) -
         assert (info["video.is_depth_map"], info["video.channels"], info["has_audio"]) == (False, 3, False)
 
 
+REFERENCE = Path(__file__).resolve().parent / "reference"
+"""Files written as LeRobot 0.4.4 writes them (reference/make_reference.py says how)."""
+
+
+def test_v30_tasks_are_written_as_lerobot_writes_them_and_read_in_both_layouts(tmp_path: Path) -> None:
+    reference = pq.read_table(REFERENCE / "tasks.parquet")
+    texts = ["put the red cube in the bowl", "open the drawer", "stack the blocks"]
+    ours = lerobot_v30.tasks_table({text: i for i, text in enumerate(texts)})
+    assert ours.schema.equals(reference.schema, check_metadata=False) and ours.equals(reference)
+
+    def pandas(table: pa.Table) -> dict:
+        meta = json.loads(table.schema.metadata[b"pandas"])
+        return {k: v for k, v in meta.items() if k not in ("creator", "pandas_version")}
+
+    assert pandas(ours) == pandas(reference)
+    (tmp_path / "meta").mkdir()
+    shutil.copy(REFERENCE / "tasks.parquet", tmp_path / "meta/tasks.parquet")
+    assert lerobot_v30.read_tasks(tmp_path) == dict(enumerate(texts))
+    write_v30_tasks(tmp_path, texts)  # the text as a column named "task", as earlier writers left it
+    assert lerobot_v30.read_tasks(tmp_path) == dict(enumerate(texts))
+
+
 def test_v30_starts_new_files_at_its_size_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Limits of 0 MB: every episode opens a new data file and new video files, located by meta/episodes."""
     monkeypatch.setattr(lerobot_v30, "DATA_FILE_MB", 0)

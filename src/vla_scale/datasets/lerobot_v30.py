@@ -147,19 +147,25 @@ def info(features: dict[str, Any], episodes: list[Episode], fps: int, video: boo
             "data_path": DATA_PATH, "video_path": VIDEO_PATH if video else None, "features": features}
 
 
+PANDAS_INDEX = "__index_level_0__"
+"""The column pandas stores an unnamed index in."""
+
+
 def tasks_table(tasks: dict[str, int]) -> pa.Table:
-    """meta/tasks.parquet as LeRobot writes it through pandas: task_index, and the task text as the frame's index
-    (named "task"), which pandas' metadata in the schema restores."""
-    pandas = {"index_columns": ["task"], "column_indexes": [
+    """meta/tasks.parquet as LeRobot writes it, a pandas frame of task_index whose unnamed index is the task text
+    (`pd.DataFrame({"task_index": ...}, index=tasks).to_parquet(path)`): the text in pandas' index column, which the
+    schema's pandas metadata names the frame's index."""
+    pandas = {"index_columns": [PANDAS_INDEX], "column_indexes": [
         {"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
          "metadata": {"encoding": "UTF-8"}}],
         "columns": [{"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64",
                      "metadata": None},
-                    {"name": "task", "field_name": "task", "pandas_type": "unicode", "numpy_type": "object",
+                    {"name": None, "field_name": PANDAS_INDEX, "pandas_type": "unicode", "numpy_type": "object",
                      "metadata": None}],
-        "creator": {"library": "pyarrow", "version": pa.__version__}}
-    schema = pa.schema([("task_index", pa.int64()), ("task", pa.string())], metadata={"pandas": json.dumps(pandas)})
-    return pa.table({"task_index": list(tasks.values()), "task": list(tasks)}, schema=schema)
+        "attributes": {}, "creator": {"library": "pyarrow", "version": pa.__version__}}
+    schema = pa.schema([("task_index", pa.int64()), (PANDAS_INDEX, pa.string())],
+                       metadata={"pandas": json.dumps(pandas)})
+    return pa.table({"task_index": list(tasks.values()), PANDAS_INDEX: list(tasks)}, schema=schema)
 
 
 def _write_meta(root: Path, rows: list[dict], tasks: dict[str, int], stats: dict, info_json: dict) -> None:
@@ -173,10 +179,12 @@ def _write_meta(root: Path, rows: list[dict], tasks: dict[str, int], stats: dict
 
 
 def read_tasks(root: Path) -> dict[int, str]:
-    """task_index -> text; the text column is "task" (pandas' index name), else the table's one string column."""
+    """task_index -> text. The text is pandas' index column as LeRobot writes it (unnamed: __index_level_0__), or a
+    column named "task" (an index of that name, or a plain column, as earlier writers left it), else the table's one
+    string column."""
     table = pq.read_table(root / TASKS_PATH)
     names = [f.name for f in table.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
-    text = "task" if "task" in table.column_names else names[0]
+    text = next((name for name in (PANDAS_INDEX, "task") if name in table.column_names), names[0])
     return dict(zip(table.column("task_index").to_pylist(), table.column(text).to_pylist(), strict=True))
 
 
