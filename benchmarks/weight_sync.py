@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from vla_scale.batches import MicroBatch, MiniBatch
+from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.models import PretrainedVLA
 from vla_scale.parallel.actor import Actor
@@ -253,10 +253,10 @@ def mfu(actor: Actor, engine: RolloutEngine, cfg: ModelConfig, vla: PretrainedVL
         engine.policy(mb.inputs.on(engine.device))
     flops = 3 * counter.get_total_flops()  # forward + backward (twice the forward)
     engine.release_memory_occupation()  # colocated: the engine's weights leave while the actor updates
-    actor.grpo_update([MiniBatch((mb,))])  # warm-up
+    actor.update(UpdatePlan((MiniBatch((mb,)),)))  # warm-up
     if engine.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    seconds = timed(lambda: actor.grpo_update([MiniBatch((mb,))]), engine.device, 3)
+    seconds = timed(lambda: actor.update(UpdatePlan((MiniBatch((mb,)),))), engine.device, 3)
     peak = torch.cuda.max_memory_allocated() / 2**30 if engine.device.type == "cuda" else allocated_gib(engine.device)
     rate = matmul_rate(8192, 8192, 8192)
     say(f"{'update B/rank':>13} {'seconds':>8} {'TFLOP/rank':>10} {'MFU (989)':>10} {'MFU (matmul)':>12} "
@@ -301,7 +301,8 @@ def main() -> None:
     verified_floor_s = floor_s + verify_bytes / copy_bw
     say(f"verified floor: + ({2 * nbytes / 1e9:.2f} + {2 * nbytes / world / 1e9:.2f}) GB read / "
         f"{copy_bw / 1e9:.0f} = {verified_floor_s:.3f} s")
-    actor.grpo_update([MiniBatch((micro_batch(cfg, vla, 2, rank),))])  # optimizer state exists from here on
+    first = UpdatePlan((MiniBatch((micro_batch(cfg, vla, 2, rank),)),))
+    actor.update(first)  # optimizer state exists from here on
     gather_check(actor, args.buckets[-1])
     rows = bucket_table(actor, engine, args.buckets, floor_s, verified_floor_s, args.repeats)
     verify_parts(engine, args.buckets[-1])

@@ -128,6 +128,18 @@ def save_adapters(module: torch.nn.Module, folder: str, lora: Any, bucket_mb: fl
         write_adapters(folder, adapters, lora, base)
 
 
+def save_value_head_file(head: Any, folder: str, bucket_mb: float, write: bool) -> None:
+    """The value head as `value_head.safetensors` (`models/critic.save_value_head`), gathered like the weights."""
+    from vla_scale.models.critic import save_value_head
+
+    tensors: dict[str, torch.Tensor] = {}
+    for bucket in gathered_buckets(head, bucket_mb):
+        if write:
+            tensors.update((name, t.detach().float().cpu().clone()) for name, t in bucket)
+    if write:
+        save_value_head(tensors, head.position, head.net[0].out_features, folder)
+
+
 PARTIAL = ".partial"
 """A step folder being written carries this suffix until every rank has written its part."""
 
@@ -183,6 +195,8 @@ def write_checkpoint(run_dir: str, step: int, actor: Actor, vla: PretrainedVLA, 
         save_policy_folder(actor.policy, folder, vla.tokenizer, bucket_mb, rank == 0)
         if actor.adapted:  # the adapters alone too, in PEFT's layout
             save_adapters(actor.policy, folder, lora, bucket_mb, rank == 0, vla.source)
+        if actor.value_head is not None:  # the critic beside the policy (`models/critic.py`)
+            save_value_head_file(actor.value_head, folder, bucket_mb, rank == 0)
     except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
         raise write_failure(run_dir, folder, err, actor.policy) from err
     _barrier(world)

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from vla_scale.config import Config, ConfigError
 from vla_scale.models import PretrainedVLA
+from vla_scale.models.critic import value_head_problems
 from vla_scale.parallel.sim.cluster import ray_address_problem
 from vla_scale.run_policy import resolved_model_config, vla_for_env
 
@@ -26,7 +27,13 @@ def checked_policy(cfg: Config, explicit: Collection[str] = ()) -> PretrainedVLA
     unreachable = ray_address_problem(cfg.parallel.ray_address)
     if unreachable:
         raise ConfigError(unreachable)
-    return vla_for_env(cfg.model, cfg.env, explicit)
+    vla = vla_for_env(cfg.model, cfg.env, explicit)
+    if cfg.algo.has_critic:  # a checkpoint's value head must fit the critic this run builds
+        critic = cfg.algo.critic
+        problems = value_head_problems(vla.weights, vla.spec.llm["hidden_size"], critic.width, critic.position)
+        if problems:
+            raise ConfigError("the checkpoint's critic does not fit:\n  - " + "\n  - ".join(problems))
+    return vla
 
 
 def _free_port() -> int:

@@ -1,10 +1,11 @@
-"""The RL loop, top to bottom: rollout -> GRPO batch -> DeepSpeed update -> weight sync -> eval/log/checkpoint.
+"""The RL loop, top to bottom: rollout -> update batch -> DeepSpeed update -> weight sync -> eval/log/checkpoint.
 
 One RL step (see docs/ARCHITECTURE.md):
   1. draw B task specs from the TRAIN init states, repeat each `group_size` times under one uid;
   2. play them on the simulator fleet with the rollout engine (temperature sampling);
   3. drop groups whose mean success lies outside [filter_low, filter_high] and roll out more (bounded);
-  4. group-normalised advantages; clipped token loss; `mini_batches` optimizer steps through DeepSpeed;
+  4. advantages: group-normalised (GRPO), or chunk-level GAE on the critic's values (PPO, `algo=ppo`); clipped
+     token loss (plus the clipped value loss with a critic); `mini_batches` optimizer steps through DeepSpeed;
   5. gather the actor's weights into the rollout engine in buckets; the checksums must agree.
 Evaluation (greedy, held-out init states) runs at step 0, every `eval_every` steps and at the end.
 
@@ -214,7 +215,9 @@ class Trainer:
         cfg = self.cfg
         self.log = RunLogger(self.run_dir, self.rank)
         torch.manual_seed(cfg.seed)
-        self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.algo, cfg.model.lora)
+        self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.algo, cfg.model.lora, critic_from=self.vla.weights)
+        if self.actor.critic_source and self.rank == 0 and not cfg.resume:
+            print(self.actor.critic_source, flush=True)
         engine_dtype = torch.bfloat16 if cfg.deepspeed.bf16 else None  # the engine holds what the actor holds
         # the engine is built empty: the first sync below fills every weight (one checkpoint read, the actor's)
         self.engine = RolloutEngine(self.vla.unfilled_policy(), self.actor.device, seed=cfg.seed * 1000 + self.rank,
@@ -347,6 +350,7 @@ class Trainer:
             "train/groups_kept": len(batch.groups),
             "train/rollout_rounds": batch.rounds,
             "train/episodes": batch.episodes,
+            "train/env_steps": self.mean_over_ranks(float(batch.env_steps)) * self.world,
             **timer.metrics(),
             "time/recompute_s": result.recompute_s if result else 0.0,
             "sync/version": report.version, "sync/verify_s": report.verify_seconds,
@@ -383,7 +387,7 @@ class Trainer:
         a, n = self.cfg.algo, self.groups
         kept: list[list[Trajectory]] = []
         rates: list[float] = []
-        rounds = 0
+        rounds = env_steps = 0
         while len(kept) < n and rounds <= a.max_resample_rounds:
             specs = self.next_specs if rounds == 0 and self.next_specs else self.sampler.draw(n)
             self.next_specs = None
@@ -393,7 +397,8 @@ class Trainer:
             kept += groups
             rates.append(rate)
             rounds += 1
-        return StepBatch(kept[:n], rates[0], rounds, rounds * n * a.group_size)
+            env_steps += sum(traj.env_steps for traj in trajs)
+        return StepBatch(kept[:n], rates[0], rounds, rounds * n * a.group_size, env_steps)
 
     def mean_over_ranks(self, value: float) -> float:
         """`value`'s mean over the ranks (every rank must call it equally often: it is a collective)."""
@@ -401,11 +406,11 @@ class Trainer:
 
     # ---- update -----------------------------------------------------------------------------------------------------
     def update(self, batch: StepBatch) -> UpdateResult | None:
-        """GRPO advantages per group, the mini-batches (`batches.plan_update`), then the actor's update
-        (`Actor.grpo_update`: old log-probs, truncated importance weights, mismatch). None when some rank kept no
-        group: then no rank updates."""
-        minis = plan_update(batch.trajectories, self.cfg.algo, self.cfg.model, self.processor, self.mean_over_ranks)
-        return self.actor.grpo_update(minis) if minis else None
+        """The mini-batches (`batches.plan_update`: GRPO's advantages per group already in them), then the actor's
+        update (`Actor.update`: old log-probs, with a critic its values and PPO's advantages, truncated importance
+        weights, mismatch). None when some rank kept no group: then no rank updates."""
+        plan = plan_update(batch.trajectories, self.cfg.algo, self.cfg.model, self.processor, self.mean_over_ranks)
+        return self.actor.update(plan, self.step) if plan.minis else None
 
     def sync(self, version: int) -> SyncReport:
         """Actor -> engine in buckets; every rank's engine must hold the actor's exact weights (checksum logged).

@@ -82,7 +82,7 @@ BAD = [
     (["rollout.pipeline_stage_num=0"], ["rollout.pipeline_stage_num=0 must be >= 1"]),
     (["env.name=libbero"], ["env.name='libbero'", "choose one of"]),
     (["env.suite=libero_spatial"], ["env.suite='libero_spatial'", "choose one of"]),
-    (["algo.group_size=1", "algo.batch_size=4"], ["algo.group_size=1", ">= 2"]),
+    (["algo.group_size=1", "algo.batch_size=4"], ["algo.group_size=1", "at least 2 episodes"]),
     (["algo.filter_low=0.8", "algo.filter_high=0.2"], ["algo.filter_low", "algo.filter_high"]),
     (["model.image_size=60"], ["model.image_size=60", "model.patch_size=16"]),
     (["algo.mini_batches=8", "algo.micro_batches=4"], ["algo.mini_batches*algo.micro_batches", "lower them"]),

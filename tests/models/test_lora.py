@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from vla_scale.batches import MicroBatch, MiniBatch
+from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan
 from vla_scale.config import AlgoConfig, ConfigError, DeepSpeedConfig, EnvConfig, LoraConfig, ModelConfig, validate
 from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer
@@ -93,8 +93,8 @@ def test_the_merged_weight_computes_the_adapted_layer():
 def test_the_actor_trains_adapters_only_and_the_engine_receives_the_merged_weights():
     actor = lora_actor()
     base = raw(actor, lambda n: not is_adapter(n))
-    actor.grpo_update([MiniBatch((batch(1),))])
-    actor.grpo_update([MiniBatch((batch(2),))])
+    actor.update(UpdatePlan((MiniBatch((batch(1),)),)))
+    actor.update(UpdatePlan((MiniBatch((batch(2),)),)))
     after = raw(actor)
     assert all(torch.equal(after[n], t) for n, t in base.items())  # the base is frozen
     assert any(after[n].abs().sum() > 0 for n in after if n.endswith("lora_B.weight"))  # the adapters moved
@@ -111,9 +111,9 @@ def test_the_actor_trains_adapters_only_and_the_engine_receives_the_merged_weigh
 def test_lora_trains_alike_under_the_7b_settings():
     """Whole layers fetched at once (leaf modules), their activations recomputed, small parameters kept whole (the
     zero3_bf16 settings): ZeRO-3 must still gather the frozen weights for the backward pass through them."""
-    plain = lora_actor().grpo_update([MiniBatch((batch(1),))]).metrics()
+    plain = lora_actor().update(UpdatePlan((MiniBatch((batch(1),)),))).metrics()
     tuned = lora_actor(ds=DeepSpeedConfig(zero_stage=3, leaf_modules=True, activation_checkpointing=True,
-                                          param_persistence_threshold=5_000_000)).grpo_update([MiniBatch((batch(1),))]).metrics()
+                                          param_persistence_threshold=5_000_000)).update(UpdatePlan((MiniBatch((batch(1),)),))).metrics()
     for key in ("policy_loss", "grad_norm"):
         assert tuned[key] == pytest.approx(plain[key], rel=1e-5), key
 
@@ -126,7 +126,7 @@ def test_adapters_round_trip_through_the_peft_layout_and_merge_into_the_base(tmp
     vla.save_pretrained(str(tmp_path / "base"))
     base = vla_for_env(ModelConfig(checkpoint=str(tmp_path / "base")), EnvConfig())
     actor = lora_actor(build=base.new_policy)
-    actor.grpo_update([MiniBatch((batch(1),))])
+    actor.update(UpdatePlan((MiniBatch((batch(1),)),)))
     write_adapters(str(tmp_path / "adapters"), raw(actor, is_adapter), LORA, str(tmp_path / "base"))
     config = json.loads((tmp_path / "adapters" / ADAPTER_CONFIG).read_text())
     assert config["r"] == 4 and config["lora_alpha"] == 8.0 and config["peft_type"] == "LORA"

@@ -1,5 +1,6 @@
-"""GRPO (group advantages, dynamic-sampling filter, loss masks and weights, clipped policy loss, log-prob helpers) and
-the supervised losses of fine-tuning on demonstrations."""
+"""GRPO (group advantages, dynamic-sampling filter, loss masks and weights, clipped policy loss, log-prob helpers),
+PPO's critic math (chunk-level GAE, advantage normalisation, clipped value loss) and the supervised losses of
+fine-tuning on demonstrations."""
 
 from vla_scale.algo.grpo import (
     LOSS_AGGREGATIONS,
@@ -17,6 +18,7 @@ from vla_scale.algo.grpo import (
     token_weights,
     truncated_is_weights,
 )
+from vla_scale.algo.ppo import chunk_gae, clipped_value_loss, explained_variance, normalized
 from vla_scale.algo.supervised import SUPERVISED_HEADS, supervised_loss
 
 __all__ = [
@@ -24,7 +26,11 @@ __all__ = [
     "supervised_loss",
     "LOSS_AGGREGATIONS",
     "OLD_LOGPROBS",
+    "chunk_gae",
     "clipped_policy_loss",
+    "clipped_value_loss",
+    "explained_variance",
+    "normalized",
     "executed_action_mask",
     "gaussian_entropy",
     "gaussian_logprobs",

@@ -19,17 +19,22 @@ from vla_scale.config.schema import (
 from vla_scale.envs.registry import SIMULATORS, simulator
 from vla_scale.envs.simulator import Simulator
 
+ALGORITHMS = ("grpo", "ppo")
+"""`algo.name`: the update's advantages and losses (`Actor.update`)."""
+
 
 def choices() -> dict[str, tuple[Any, ...]]:
     """Keys whose value must be one of a few names, each list taken from the module whose code the names select (the
     loss options, the LIBERO scene modes and env.name/env.suite are checked against their modules further down).
     Imported when the check runs, so that reading the configuration (and refusing a moved key) imports no torch."""
     from vla_scale.datasets.lerobot_format import VERSIONS
+    from vla_scale.models.critic import CRITIC_POSITIONS
     from vla_scale.models.fp8 import PRECISIONS
     from vla_scale.models.spec import ACTION_HEADS, ATTENTION_MODES, IMAGE_RESIZES
 
     return {
-        "algo.name": ("grpo",),
+        "algo.name": ALGORITHMS,
+        "algo.critic.position": CRITIC_POSITIONS,
         "model.attention": ATTENTION_MODES,
         "model.action_head": ("auto", *ACTION_HEADS),
         "env.eval_protocol": ("held_out", "published"),
@@ -64,7 +69,10 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     **{f"env.{name}.{k}": bound for name, sim in SIMULATORS.items() for k, bound in sim.settings.BOUNDS.items()},
     "parallel.step_timeout_s": POSITIVE,
     **{f"algo.{k}": AT_LEAST_1 for k in ("batch_size", "mini_batches", "micro_batches")},
-    "algo.group_size": AT_LEAST_2,
+    "algo.group_size": AT_LEAST_1,
+    **{f"algo.{k}": AT_LEAST_0 for k in ("gamma", "gae_lambda", "vf_coef", "value_clip")},
+    "algo.critic.width": AT_LEAST_1,
+    **{f"algo.critic.{k}": AT_LEAST_0 for k in ("lr", "warmup_steps")},
     **{f"algo.{k}": POSITIVE for k in ("temperature", "clip_low", "clip_high", "lr")},
     **{f"algo.{k}": AT_LEAST_0 for k in ("filter_low", "filter_high", "max_resample_rounds", "weight_decay",
                                         "grad_clip", "tis_cap", "max_staleness")},
@@ -85,6 +93,7 @@ split is >= 1 wherever zero has no meaning; a simulator's own keys come from its
 keeps every int and float field listed here."""
 
 UPPER: dict[str, tuple[float, bool]] = {"algo.clip_low": (1.0, False), "algo.filter_low": (1.0, True),
+                                         "algo.gamma": (1.0, True), "algo.gae_lambda": (1.0, True),
                                          "algo.filter_high": (1.0, True), "model.action_log_std_init": (2.0, True)}
 """Keys that must also stay below a limit: (limit, limit allowed); a clip_low of 1 would make the ratio floor 0, a
 log-std above 2 spreads the Gaussian far beyond the normalised action range [-1, 1]."""
@@ -165,6 +174,7 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
             problems.append(f"algo.max_staleness={a.max_staleness} decodes while the actor trains, so the engine's "
                             f"weights and the actor's states stay on the GPU: set deepspeed.{key}=false "
                             "(deepspeed.stream_optimizer_states=true keeps the optimizer states on the host instead)")
+    problems += critic_problems(cfg)
     if a.loss_agg not in LOSS_AGGREGATIONS:
         problems.append(f"algo.loss_agg={a.loss_agg!r} is not a loss aggregation; choose one of {LOSS_AGGREGATIONS}")
     if not 0.0 <= a.filter_low <= a.filter_high <= 1.0:
@@ -219,6 +229,24 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
     return cfg
+
+
+def critic_problems(cfg: Config) -> list[str]:
+    """What contradicts itself between the algorithm and its critic settings: GRPO's groups of one, PPO with GRPO's
+    group filter, a critic warm-up as long as the run."""
+    a = cfg.algo
+    if not a.has_critic:
+        return [f"algo.group_size={a.group_size}: GRPO normalises each episode against its group, so a group needs "
+                "at least 2 episodes (algo=ppo trains groups of one)"] if a.group_size < 2 else []
+    problems = []
+    if a.filter_low > 0 or a.filter_high < 1:
+        problems.append(f"algo=ppo trains every episode, but algo.filter_low={a.filter_low} / algo.filter_high="
+                        f"{a.filter_high} would drop groups (GRPO's dynamic sampling): set algo.filter_low=0 "
+                        "algo.filter_high=1")
+    if a.critic.warmup_steps >= cfg.steps:
+        problems.append(f"algo.critic.warmup_steps={a.critic.warmup_steps} trains only the value head for the whole "
+                        f"run (steps={cfg.steps}): lower it below steps")
+    return problems
 
 
 def sft_problems(cfg: Config, world_size: int = 1) -> list[str]:

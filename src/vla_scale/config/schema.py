@@ -205,13 +205,30 @@ class EnvConfig:
 
 
 @dataclass
+class CriticConfig:
+    position: str = "prompt_last"
+    """Where the value head reads the backbone's last hidden state: prompt_last (the row of the last prompt token,
+    which reads the first action slot) or action_mean (the mean over the rows the action slots are read from)."""
+    width: int = 256
+    """Hidden width of the value head's MLP (hidden state -> width -> width -> 1, GELU)."""
+    detach_backbone: bool = False
+    """The value loss trains the value head only (the backbone's hidden state detached); false: the backbone is
+    shared and learns from the value loss too."""
+    lr: float = 0.0
+    """Learning rate of the value head (0: algo.lr)."""
+    warmup_steps: int = 0
+    """First RL steps that train only the value head (the policy and the backbone keep their weights)."""
+
+
+@dataclass
 class AlgoConfig:
     name: str = "grpo"
-    """Algorithm; only GRPO exists."""
+    """Algorithm: grpo (group-normalised outcome advantages, no critic) or ppo (a value head on the policy's backbone,
+    chunk-level GAE, every episode trains)."""
     batch_size: int = 8
     """Task specs (groups) per RL step."""
     group_size: int = 8
-    """Episodes per task spec; advantages are normalised within each group."""
+    """Episodes per task spec; GRPO normalises advantages within each group (ppo: 1 is allowed)."""
     temperature: float = 1.6
     """Sampling temperature in rollout and in log-prob recomputation."""
     clip_low: float = 0.2
@@ -256,6 +273,24 @@ class AlgoConfig:
     the GPU busy at once). The samples are then one version behind the actor: it needs old_logprobs=recompute and
     tis_cap > 0, so the ratio is clipped to the actor before the update and each token weighs min(actor / rollout
     probability, tis_cap) (decoupled PPO). A step followed by a checkpoint collects nothing ahead."""
+    gamma: float = 0.99
+    """ppo: discount per chunk step."""
+    gae_lambda: float = 0.95
+    """ppo: GAE's lambda (1: Monte-Carlo returns minus the value, 0: one-step TD errors)."""
+    vf_coef: float = 0.5
+    """ppo: weight of the value loss in the update's loss."""
+    value_clip: float = 0.2
+    """ppo: a value moves at most this far from the one its advantage was computed with before the loss stops
+    pulling (0: plain squared error)."""
+    normalize_advantages: bool = True
+    """ppo: advantages scaled to mean 0 and std 1 over the step's chunk steps (every rank's)."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """ppo: the value head."""
+
+    @property
+    def has_critic(self) -> bool:
+        """The update trains a value head beside the policy (ppo)."""
+        return self.name == "ppo"
 
 
 @dataclass

@@ -273,8 +273,12 @@ class OFTPolicy(nn.Module):
         None for no proprio token (also ignored when the policy has no proprio projector). `full_vocab=True` returns
         the logits over the whole vocabulary instead (what the official decode takes its argmax over).
         """
-        logits = self.language_model.lm_head(self.action_hidden_states(pixel_values, input_ids, attention_mask,
-                                                                        proprio))
+        return self.bin_logits(self.action_hidden_states(pixel_values, input_ids, attention_mask, proprio), full_vocab)
+
+    def bin_logits(self, hidden: Tensor, full_vocab: bool = False) -> Tensor:
+        """The token head's logits float32[B, K, n_bins] (or over the whole vocabulary) from the action rows' hidden
+        states [B, K, D]."""
+        logits = self.language_model.lm_head(hidden)
         if not full_vocab:
             logits = logits[..., self.spec.action_token_begin : self.spec.action_token_begin + self.spec.n_bins]
         return logits.float()
@@ -299,13 +303,18 @@ class OFTPolicy(nn.Module):
         first (host-side `PreparedInputs` normalised there). By default that is the first parameter's device; the
         ZeRO-3 actor names its own, since offloaded parameters live on the host. `trim` cuts the prompt columns to
         the batch's longest prompt (`PolicyInputs.trimmed`)."""
+        return self.head_outputs(inputs, device, trim)[0]
+
+    def head_outputs(self, inputs: PolicyInputs | PreparedInputs, device: torch.device | None = None,
+                     trim: bool = False) -> tuple[Tensor, Tensor]:
+        """`forward`'s distribution parameters and the action rows' hidden states [B, K, D] they came from (what a
+        value head reads, `models/critic.py`)."""
         inputs = inputs.on(device or next(self.parameters()).device)
         if trim:
             inputs = inputs.trimmed()
-        if self.action_head is None:
-            return self.action_logits(inputs.pixel_values, inputs.input_ids, inputs.attention_mask, inputs.proprio)
-        return self.head_params(self.action_hidden_states(inputs.pixel_values, inputs.input_ids,
-                                                          inputs.attention_mask, inputs.proprio))
+        hidden = self.action_hidden_states(inputs.pixel_values, inputs.input_ids, inputs.attention_mask,
+                                           inputs.proprio)
+        return (self.bin_logits(hidden) if self.action_head is None else self.head_params(hidden)), hidden
 
     def head_params(self, hidden: Tensor) -> Tensor:
         """The L1 head's Gaussian [B, K, 2] (mean, log-std) from the action rows' hidden states [B, K, D]."""

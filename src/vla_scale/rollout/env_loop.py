@@ -143,11 +143,15 @@ class EnvLoop:
         elif isinstance(result, ChunkStep):
             observations[i] = result.observation
             traj.executed.append(result.steps_taken)
+            traj.rewards.append(result.reward)
             traj.env_steps += result.steps_taken
             self.stats.env_steps += result.steps_taken
             if result.done or chunks_done[i] >= self.max_chunks:
                 running[i] = False
                 traj.success = result.success
+                if not result.success:  # truncated: a critic values what it ended on
+                    images, proprio = self.processor.prepare([result.observation], self.images_prepared)
+                    traj.final_images, traj.final_proprio = images[0], proprio[0]
         elif isinstance(result, Observation):
             observations[i] = result
         else:

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from vla_scale.batches import MicroBatch, MiniBatch
+from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer
@@ -51,7 +51,7 @@ def _train(ds: DeepSpeedConfig, offload_between_updates: bool = False) -> tuple[
     stats = []
     for step in range(3):
         actor.reload_states()
-        stats.append(actor.grpo_update([MiniBatch(tuple(_micro_batches(step)))]).metrics())
+        stats.append(actor.update(UpdatePlan((MiniBatch(tuple(_micro_batches(step))),))).metrics())
         if offload_between_updates:
             actor.offload_states()
     full = weights_checksum([(n, t.clone()) for b in gathered_buckets(actor.policy, 1) for n, t in b])
@@ -103,15 +103,15 @@ def test_streamed_states_save_and_resume_where_they_were(tmp_path):
         return Actor(lambda zero3: build_policy(CFG, TOK, zero3), ds, AlgoConfig(micro_batches=1))
 
     first = new_actor()
-    first.grpo_update([MiniBatch(tuple(_micro_batches(0)))])
+    first.update(UpdatePlan((MiniBatch(tuple(_micro_batches(0))),)))
     first.save(str(tmp_path), "step_1", {})
-    first.grpo_update([MiniBatch(tuple(_micro_batches(1)))])
+    first.update(UpdatePlan((MiniBatch(tuple(_micro_batches(1))),)))
     resumed = new_actor()
     resumed.load(str(tmp_path), "step_1")
     assert resumed._state_holder is not None
     held = {t.data_ptr() for t in resumed._state_holder.host.values()}
     assert all(t.data_ptr() in held for t in resumed._state_holder.masters)
-    resumed.grpo_update([MiniBatch(tuple(_micro_batches(1)))])
+    resumed.update(UpdatePlan((MiniBatch(tuple(_micro_batches(1))),)))
     checksum = [weights_checksum([(n, t.clone()) for b in gathered_buckets(a.policy, 1) for n, t in b])
                 for a in (first, resumed)]
     assert checksum[0] == checksum[1]

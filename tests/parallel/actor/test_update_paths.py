@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from vla_scale.algo import clipped_policy_loss, logprob_mismatch, truncated_is_weights
-from vla_scale.batches import MicroBatch, MiniBatch
+from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer
@@ -81,9 +81,9 @@ def test_old_logprobs_from_the_update_forward_are_a_recompute_bit_for_bit(head):
     (the l1 head's Gaussian log-probs, its log-std trained with the rest)."""
     minis = [MiniBatch((micro_batch(1, head=head), micro_batch(2, head=head))), MiniBatch((micro_batch(6, head=head),))]
     recomputing = actor(head=head, algo=replace(ALGO, old_logprobs_from_update=False))
-    before = recomputing.grpo_update(minis)
+    before = recomputing.update(UpdatePlan(tuple(minis)))
     reading = actor(head=head)
-    fused = reading.grpo_update(minis)
+    fused = reading.update(UpdatePlan(tuple(minis)))
     assert fused == replace(before, recompute_s=fused.recompute_s)
     assert weights(reading) == weights(recomputing)
     assert before.grad_norm > 0 and before.samples == 12 and before.mismatch.abs_log_ratio > 0
@@ -107,7 +107,7 @@ def test_recomputed_old_logprobs_weights_and_mismatch_by_hand():
     expected = logprob_mismatch(old, mb.rollout_logprobs, mb.mask, ALGO.clip_low, ALGO.clip_high, ALGO.tis_cap)
     minis = [MiniBatch((mb,))]
     kept = frozen_copy(minis)
-    result = a.grpo_update(minis)
+    result = a.update(UpdatePlan(tuple(minis)))
     assert result.policy_loss == pytest.approx(loss.item(), rel=1e-6)
     assert vars(result.mismatch) == pytest.approx(expected)
     assert same_batches(frozen_copy(minis), kept)
@@ -122,7 +122,7 @@ def test_rollout_old_logprobs_take_no_recompute_and_no_importance_weights():
     current = a.logprobs(mb.inputs, mb.tokens)
     loss, info = clipped_policy_loss(current, mb.rollout_logprobs, mb.advantages, mb.mask, algo.clip_low,
                                      algo.clip_high, mb.weights)
-    result = a.grpo_update([MiniBatch((mb,))])
+    result = a.update(UpdatePlan((MiniBatch((mb,)),)))
     assert result.policy_loss == pytest.approx(loss.item(), rel=1e-6)
     assert result.clip_frac == pytest.approx(info["clip_frac"]) and result.clip_frac > 0
     assert result.mismatch.abs_log_ratio == pytest.approx(info["abs_log_ratio"], rel=1e-6)
@@ -138,8 +138,9 @@ def test_trimmed_prompt_padding_trains_alike():
     with torch.no_grad():
         full, cut = policy(inputs), policy(inputs.trimmed())
     assert (full - cut).abs().max() <= 1e-6 * full.abs().max()
-    untrimmed = actor(DeepSpeedConfig(zero_stage=3, trim_prompt_padding=False)).grpo_update([MiniBatch((batch,))])
-    trimmed = actor(DeepSpeedConfig(zero_stage=3, trim_prompt_padding=True)).grpo_update([MiniBatch((batch,))])
+    plan = UpdatePlan((MiniBatch((batch,)),))
+    untrimmed = actor(DeepSpeedConfig(zero_stage=3, trim_prompt_padding=False)).update(plan)
+    trimmed = actor(DeepSpeedConfig(zero_stage=3, trim_prompt_padding=True)).update(plan)
     for key in ("policy_loss", "grad_norm", "entropy", "approx_kl"):
         assert getattr(trimmed, key) == pytest.approx(getattr(untrimmed, key), rel=1e-6, abs=1e-9), key
 
@@ -148,12 +149,13 @@ def test_an_update_accumulates_as_many_micro_batches_as_it_is_given():
     """The accumulation boundary is the update's last micro-batch, whatever `algo.micro_batches` says: one batch of
     eight rows or two of four give the same step (float rounding)."""
     whole = micro_batch(4, rows=8)
-    halves = [MicroBatch(*(t[rows] if torch.is_tensor(t) else t.rows(rows) for t in whole))
+    halves = [MicroBatch(*(t[rows] if torch.is_tensor(t) else t.rows(rows) for t in whole if t is not None))
               for rows in (slice(0, 4), slice(4, 8))]
     algo = AlgoConfig(micro_batches=1)
     one, two = actor(algo=algo), actor(algo=algo)
-    a, b = one.grpo_update([MiniBatch((whole,))]), two.grpo_update([MiniBatch(tuple(halves))])
+    a = one.update(UpdatePlan((MiniBatch((whole,)),)))
+    b = two.update(UpdatePlan((MiniBatch(tuple(halves)),)))
     for key in ("policy_loss", "grad_norm"):
         assert getattr(a, key) == pytest.approx(getattr(b, key), rel=1e-5), key
-    second = [MiniBatch((micro_batch(5, rows=8),))]
-    assert one.grpo_update(second).grad_norm == pytest.approx(two.grpo_update(second).grad_norm, rel=1e-4)
+    second = UpdatePlan((MiniBatch((micro_batch(5, rows=8),)),))
+    assert one.update(second).grad_norm == pytest.approx(two.update(second).grad_norm, rel=1e-4)

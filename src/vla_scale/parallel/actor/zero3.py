@@ -1,5 +1,5 @@
-"""The actor: the trainable policy inside a DeepSpeed engine (ZeRO stage from config), its GRPO update in
-micro-batches, and the supervised step of fine-tuning on demonstrations.
+"""The actor: the trainable policy (with PPO, and its value head) inside a DeepSpeed engine (ZeRO stage from config),
+its RL update in micro-batches, and the supervised step of fine-tuning on demonstrations.
 
 Under `python launch/train.py` this is a world of one process (gloo on CPU); under `deepspeed`/`torchrun` every rank
 holds its ZeRO shard. With ZeRO-3 the policy is built under `deepspeed.zero.Init`, so no rank materialises the
@@ -10,15 +10,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from vla_scale.algo import clipped_policy_loss, logprob_mismatch, supervised_loss, truncated_is_weights
-from vla_scale.batches import MiniBatch
+from vla_scale.algo import (
+    clipped_policy_loss,
+    clipped_value_loss,
+    logprob_mismatch,
+    supervised_loss,
+    truncated_is_weights,
+)
+from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan, with_critic_targets
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig, SftConfig
+from vla_scale.models.checkpoint_io import copy_tensors
+from vla_scale.models.critic import PolicyWithValue, ValueHead, read_value_head, value_head_file
 from vla_scale.models.lora import add_adapters
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.models.processor import PreparedInputs
@@ -74,9 +84,9 @@ class Mismatch:
 
 @dataclass(frozen=True)
 class UpdateResult:
-    """One GRPO update: the optimizer steps' mean loss, clip fraction, entropy, approx KL and gradient norm (each
-    optimizer step's token-weighted over its micro-batches), the rollout <-> actor mismatch, the samples trained on
-    and the seconds the old log-probs' recompute took."""
+    """One RL update: the optimizer steps' mean loss, clip fraction, entropy, approx KL and gradient norm (each
+    optimizer step's token-weighted over its micro-batches), the rollout <-> actor mismatch, the samples trained on,
+    the seconds the proximal pass (old log-probs, values) took and, with a critic, its measures (`critic`)."""
 
     policy_loss: float
     clip_frac: float
@@ -86,12 +96,14 @@ class UpdateResult:
     mismatch: Mismatch
     samples: int
     recompute_s: float = 0.0
+    critic: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         """The `train/` scalars of the update (TensorBoard names without the prefix)."""
         return {"policy_loss": self.policy_loss, "clip_frac": self.clip_frac, "entropy": self.entropy,
                 "approx_kl": self.approx_kl, "grad_norm": self.grad_norm,
-                **{f"mismatch_{k}": v for k, v in vars(self.mismatch).items()}, "samples": float(self.samples)}
+                **{f"mismatch_{k}": v for k, v in vars(self.mismatch).items()}, "samples": float(self.samples),
+                **self.critic}
 
 
 @dataclass
@@ -103,6 +115,8 @@ class _StepStats:
     entropy: float = 0.0
     approx_kl: float = 0.0
     grad_norm: float = 0.0
+    value_loss: float = 0.0
+    value_clip_frac: float = 0.0
     first_mismatch: Mismatch = field(default_factory=Mismatch)
     old: list[torch.Tensor] = field(default_factory=list)
 
@@ -116,25 +130,37 @@ class _StepStats:
         return means
 
 
+@dataclass
+class _Proximal:
+    """What the actor gives a mini-batch's micro-batches before the update: the old log-probs (None: the update
+    forward's own, detached) and, with a critic, the values."""
+
+    old: list[torch.Tensor | None]
+    values: list[torch.Tensor] = field(default_factory=list)
+
+
 class Actor:
-    """The trainable policy in DeepSpeed: the GRPO update (`grpo_update`), the supervised step, log-probs."""
+    """The trainable policy in DeepSpeed: the RL update (`update`: GRPO's, or PPO's with the value head), the
+    supervised step, log-probs."""
 
     def __init__(self, build: Callable[[bool], OFTPolicy], ds: DeepSpeedConfig, algo: Training,
-                 lora: LoraConfig | None = None):
+                 lora: LoraConfig | None = None, critic_from: str = ""):
         """`build(zero3_init)` constructs the policy; it is called inside `deepspeed.zero.Init` for ZeRO-3. With
-        `lora.rank` > 0 the policy gets adapters and only they train (`models/lora.py`)."""
+        `lora.rank` > 0 the policy gets adapters and only they train (`models/lora.py`). With a critic
+        (`algo.has_critic`) a value head trains beside the policy (beside the adapters with LoRA), its weights read
+        from `critic_from`'s `value_head.safetensors` when that checkpoint folder has one, else fresh
+        (`critic_source` says which)."""
         import deepspeed  # seconds to import: only when an actor is built, after every check of the run
         from deepspeed.utils import set_z3_leaf_modules
 
         self.ds_config = deepspeed_config(ds, algo)
         adapt = lora is not None and lora.rank > 0
-        if ds.zero_stage == 3:
-            with deepspeed.zero.Init(config_dict_or_path=self.ds_config):
-                policy = build(True)
-                self.adapted = add_adapters(policy, lora) if adapt else []  # built as shards too
-        else:
-            policy = build(False)
-            self.adapted = add_adapters(policy, lora) if adapt else []
+        critic = getattr(algo, "has_critic", False)
+        with deepspeed.zero.Init(config_dict_or_path=self.ds_config) if ds.zero_stage == 3 else nullcontext():
+            policy = build(ds.zero_stage == 3)
+            self.adapted = add_adapters(policy, lora) if adapt else []  # built as shards too
+            head = self._value_head(policy, algo) if critic else None
+        self.critic_source = self._load_value_head(head, critic_from, ds.zero_stage == 3) if head else ""
         if ds.activation_checkpointing:
             lm = policy.language_model  # transformers renamed it in 5.x; older images have only the first name
             enable = getattr(lm, "activation_checkpointing_enable", None) or lm.gradient_checkpointing_enable
@@ -146,15 +172,35 @@ class Actor:
         # step instead of one per arithmetic operation (docs/performance.md).
         fused = torch.cuda.is_available() and not ds.offload_optimizer
         trained = [p for p in policy.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trained, lr=algo.lr, weight_decay=algo.weight_decay, fused=fused or None)
-        self._cap_reduce_bucket(sum(getattr(p, "ds_numel", p.numel()) for p in trained))
-        self.engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=self.ds_config)
+        groups: list[dict[str, Any]] = [{"params": trained}]
+        if head is not None:  # a group of its own: its learning rate, and the policy's alone set to 0 in warm-up
+            groups.append({"params": list(head.parameters()), "lr": algo.critic.lr or algo.lr})
+        optimizer = torch.optim.AdamW(groups, lr=algo.lr, weight_decay=algo.weight_decay, fused=fused or None)
+        self._cap_reduce_bucket(sum(getattr(p, "ds_numel", p.numel()) for group in groups for p in group["params"]))
+        module = policy if head is None else PolicyWithValue(policy, head)
+        self.engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.ds_config)
+        self.has_critic = head is not None
         self.zero_stage = ds.zero_stage
         self.states_offloaded = False
         self._state_holder: OptimizerStates | None = None  # built on the first offload (ZeRO-3 only)
         self.streams_states = False
         self._stream_hooks = False
         self.configure(ds, algo)
+
+    @staticmethod
+    def _value_head(policy: OFTPolicy, algo: AlgoConfig) -> ValueHead:
+        """A fresh value head on `policy`'s backbone (DeepSpeed gives it the engine's dtype, as the policy's)."""
+        return ValueHead(policy.spec.llm["hidden_size"], algo.critic.width, algo.critic.position)
+
+    @staticmethod
+    def _load_value_head(head: ValueHead, folder: str, zero3: bool) -> str:
+        """`folder`'s value head copied into `head` when it has one; a sentence saying where the critic comes from."""
+        if not folder or value_head_file(folder) is None:
+            where = f"{folder} has no value head" if folder else "the policy is a fresh one"
+            return f"critic: a fresh value head ({where})"
+        tensors, _ = read_value_head(folder)
+        copy_tensors(head, iter(tensors.items()), zero3)
+        return f"critic: the value head of {folder}"
 
     def _cap_reduce_bucket(self, trained_numel: int) -> None:
         """A gradient reduce bucket no larger than the gradients it can hold: DeepSpeed allocates its bucket
@@ -181,36 +227,83 @@ class Actor:
 
     @property
     def policy(self) -> OFTPolicy:
-        return self.engine.module
+        """The policy alone (what weight sync, checkpoints' policy folders and the rollout engine see)."""
+        return self.engine.module.policy if self.has_critic else self.engine.module
+
+    @property
+    def value_head(self) -> ValueHead | None:
+        return self.engine.module.value_head if self.has_critic else None
 
     @property
     def device(self) -> torch.device:
         return self.engine.device
 
-    def grpo_update(self, minis: Sequence[MiniBatch]) -> UpdateResult:
-        """The GRPO update of one RL step: one optimizer step per mini-batch. It owns where the PPO ratio's old
-        log-probs come from (`algo.old_logprobs`): the rollout's, or the actor's before the update, recomputed one
-        micro-batch at a time (SimpleVLA-RL's way) except the first mini-batch's, which with
-        `algo.old_logprobs_from_update` are read off its own forward, detached (what a recompute gives, without the
-        pass). With recomputed old log-probs and `algo.tis_cap` > 0 each token's loss weight is multiplied by the
-        truncated importance weight min(actor / rollout probability, cap). The mismatch is measured over every valid
+    def update(self, plan: UpdatePlan, step: int = 0) -> UpdateResult:
+        """The RL update of one step (the `step`-th of the run): one optimizer step per mini-batch. GRPO and PPO
+        share it; they differ in where the advantages come from and in the loss.
+
+        First the proximal pass (`_proximal`): the old log-probs come from the rollout or the actor before the update
+        (`algo.old_logprobs`; recomputed one micro-batch at a time, SimpleVLA-RL's way, except the first
+        mini-batch's, which with `algo.old_logprobs_from_update` are read off its own forward, detached), and with a
+        critic every row's value is read in the same forward. The critic's values make PPO's advantages and targets
+        (`batches.with_critic_targets`); GRPO's were made when the update was planned. Then the optimizer steps: the
+        clipped policy loss (each token weighed by min(actor / rollout probability, `algo.tis_cap`) with recomputed
+        old log-probs and a cap), plus `algo.vf_coef` times the clipped value loss with a critic. During the critic's
+        warm-up (`algo.critic.warmup_steps`) only the value head learns. The mismatch is measured over every valid
         token of the step (recomputed), or on the first micro-batch before the first optimizer step (the rollout's).
         Every rank must run it with the same number of mini- and micro-batches (ZeRO-3 gathers are collectives)."""
         started = time.perf_counter()
-        olds = [self._old_logprobs(mini, first=index == 0) for index, mini in enumerate(minis)]
+        proximal = [self._proximal(mini, first=index == 0) for index, mini in enumerate(plan.minis)]
         recompute_s = time.perf_counter() - started
-        steps = [self._optimizer_step(mini, old) for mini, old in zip(minis, olds, strict=True)]
+        minis, critic = plan.minis, {}
+        if self.has_critic:
+            minis, critic = with_critic_targets(plan, [p.values for p in proximal], self.algo, self._mean_over_ranks)
+        warmup = self.has_critic and step < self.algo.critic.warmup_steps
+        self._policy_lr(0.0 if warmup else self.algo.lr)
+        steps = [self._optimizer_step(mini, p.old, warmup) for mini, p in zip(minis, proximal, strict=True)]
+        if self.has_critic:
+            critic.update(value_loss=sum(s.value_loss for s in steps) / len(steps),
+                          value_clip_frac=sum(s.value_clip_frac for s in steps) / len(steps),
+                          critic_warmup=float(warmup))
         return UpdateResult(**_StepStats.means(steps), mismatch=self._mismatch(minis, steps),
-                            samples=sum(mini.rows for mini in minis), recompute_s=recompute_s)
+                            samples=sum(mini.rows for mini in minis), recompute_s=recompute_s, critic=critic)
 
-    def _old_logprobs(self, mini: MiniBatch, first: bool) -> list[torch.Tensor | None]:
-        """The old log-probs of each micro-batch of `mini`: the rollout's, the actor's recomputed before the update,
-        or None (its own forward's, detached: the first mini-batch's with `algo.old_logprobs_from_update`)."""
-        if self.algo.old_logprobs != "recompute":
-            return [micro.rollout_logprobs for micro in mini.micro_batches]
-        if first and self.algo.old_logprobs_from_update:
-            return [None] * len(mini.micro_batches)
-        return [self.logprobs(micro.inputs, micro.tokens) for micro in mini.micro_batches]
+    def _proximal(self, mini: MiniBatch, first: bool) -> _Proximal:
+        """The old log-probs of each micro-batch of `mini` and, with a critic, its values, read before the update:
+        the rollout's log-probs, the actor's recomputed, or None (the update forward's own, detached: the first
+        mini-batch's with `algo.old_logprobs_from_update`, when no value is needed)."""
+        recompute = self.algo.old_logprobs == "recompute"
+        if not self.has_critic:
+            if not recompute:
+                return _Proximal([micro.rollout_logprobs for micro in mini.micro_batches])
+            if first and self.algo.old_logprobs_from_update:
+                return _Proximal([None] * len(mini.micro_batches))
+            return _Proximal([self.logprobs(micro.inputs, micro.tokens) for micro in mini.micro_batches])
+        proximal = _Proximal([])
+        for micro in mini.micro_batches:
+            logprobs, values = self._logprobs_and_values(micro)
+            proximal.old.append(logprobs if recompute else micro.rollout_logprobs)
+            proximal.values.append(values)
+        return proximal
+
+    @torch.no_grad()
+    def _logprobs_and_values(self, micro: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actor's log-probs of the micro-batch's tokens and the critic's values of its rows, float32 on the
+        host, from one forward."""
+        params, values = self.engine(micro.inputs, device=self.device, trim=self.trim)
+        logprobs = self.policy.distribution.logprobs(params, micro.tokens.to(self.device), self.algo.temperature)
+        return logprobs.float().cpu(), values.float().cpu()
+
+    def _policy_lr(self, lr: float) -> None:
+        """The policy's learning rate (the optimizer's first group; a value head has its own group)."""
+        if self.has_critic:
+            self.engine.optimizer.param_groups[0]["lr"] = lr
+
+    def _mean_over_ranks(self, value: float) -> float:
+        from vla_scale.run_setup import mean_over_ranks
+
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return mean_over_ranks(value, world, self.device)
 
     def _mismatch(self, minis: Sequence[MiniBatch], steps: list[_StepStats]) -> Mismatch:
         """The rollout <-> actor gap: over every valid token of the step against the recomputed old log-probs, or
@@ -224,14 +317,16 @@ class Actor:
             torch.cat([micro.mask for mini in minis for micro in mini.micro_batches]), a.clip_low, a.clip_high,
             a.tis_cap))
 
-    def _optimizer_step(self, mini: MiniBatch, old: list[torch.Tensor | None]) -> _StepStats:
+    def _optimizer_step(self, mini: MiniBatch, old: list[torch.Tensor | None], warmup: bool = False) -> _StepStats:
         """One optimizer step over the micro-batches of `mini`, accumulated; `old[i]` the old log-probs of
         micro-batch i (None: its own forward's, detached). With recomputed old log-probs and `algo.tis_cap` > 0
-        tokens weigh by the truncated importance weights.
+        tokens weigh by the truncated importance weights. With a critic the loss adds `algo.vf_coef` times the
+        clipped value loss; in the critic's `warmup` the policy loss counts 0 and the value loss reaches the value
+        head only.
 
-        The weights (`algo.token_weights` of the whole mini-batch) make each micro-batch's loss its share of the
-        mini-batch's loss, whatever the split, so the losses are summed as they are (no division by the number of
-        micro-batches). Metrics are weighted by each micro-batch's valid tokens."""
+        The weights (`algo.token_weights` of the whole mini-batch, the rows' value weights) make each micro-batch's
+        loss its share of the mini-batch's loss, whatever the split, so the losses are summed as they are (no
+        division by the number of micro-batches). Metrics are weighted by each micro-batch's valid tokens."""
         tis = self.algo.old_logprobs == "recompute" and self.algo.tis_cap > 0
         self.engine.train()
         tokens_total = max(sum(int(micro.mask.sum()) for micro in mini.micro_batches), 1)
@@ -239,7 +334,7 @@ class Actor:
         for index, micro in enumerate(mini.micro_batches):
             share = int(micro.mask.sum()) / tokens_total
             self.engine.set_gradient_accumulation_boundary(index == len(mini.micro_batches) - 1)
-            logits = self.engine(micro.inputs, device=self.device, trim=self.trim)  # the head's distribution parameters
+            logits, values = self._train_forward(micro, warmup)  # the head's distribution parameters; the values
             logprobs = self.policy.distribution.logprobs(logits, micro.tokens.to(self.device), self.algo.temperature)
             given = old[index]
             old_lp = logprobs.detach() if given is None else given.to(self.device)
@@ -254,12 +349,15 @@ class Actor:
             if index == 0:  # before this optimizer step: the rollout <-> actor gap when the old are the rollout's
                 stats.first_mismatch = Mismatch(**logprob_mismatch(logprobs.detach(), old_lp, mask, self.algo.clip_low,
                                                                    self.algo.clip_high))
+            stats.policy_loss += loss.item()
+            if values is not None:
+                value_loss = self._value_loss(micro, values, stats)
+                loss = (loss * 0.0 if warmup else loss) + self.algo.vf_coef * value_loss
             self.engine.backward(loss, scale_wrt_gas=False)
             self.engine.step()
             with torch.no_grad():
                 entropy = self.policy.distribution.entropy(logits.detach(), self.algo.temperature)
                 entropy = entropy[mask].mean().nan_to_num().item()
-            stats.policy_loss += loss.item()
             stats.clip_frac += info["clip_frac"] * share
             stats.approx_kl += info["approx_kl"] * share
             stats.entropy += entropy * share
@@ -267,6 +365,25 @@ class Actor:
             torch.cuda.current_stream().synchronize()  # the last sub-groups' states have reached the host buffers
         stats.grad_norm = float(self.engine.get_global_grad_norm() or 0.0)
         return stats
+
+    def _train_forward(self, micro: MicroBatch, warmup: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The update forward: the head's distribution parameters and, with a critic, the values (the backbone
+        detached for them in warm-up or with `algo.critic.detach_backbone`)."""
+        if not self.has_critic:
+            return self.engine(micro.inputs, device=self.device, trim=self.trim), None
+        detach = warmup or self.algo.critic.detach_backbone
+        return self.engine(micro.inputs, device=self.device, trim=self.trim, detach_backbone=detach)
+
+    def _value_loss(self, micro: MicroBatch, values: torch.Tensor, stats: _StepStats) -> torch.Tensor:
+        """The micro-batch's share of the mini-batch's clipped value loss; its value and clip fraction added to
+        `stats` (the rows' weights sum to 1 over the mini-batch)."""
+        assert micro.rows is not None and micro.critic is not None
+        weights = micro.rows.value_weights.to(self.device)
+        loss, info = clipped_value_loss(values, micro.critic.old_values.to(self.device),
+                                        micro.critic.returns.to(self.device), self.algo.value_clip, weights)
+        stats.value_loss += loss.item()
+        stats.value_clip_frac += info["value_clip_frac"] * float(micro.rows.value_weights.sum())
+        return loss
 
     def supervised_update(self, micro_batches: list[tuple[PolicyInputs, torch.Tensor]]) -> dict[str, float]:
         """One optimizer step of supervised fine-tuning over `micro_batches` of (inputs, targets), accumulated: each
@@ -293,6 +410,8 @@ class Actor:
         """The actor's log-probs of `tokens` at the sampling temperature (no gradient), float32 on the CPU: the old
         log-probs of `algo.old_logprobs=recompute`. Every rank must call it equally often (ZeRO-3 gathers)."""
         logits = self.engine(inputs, device=self.device, trim=self.trim)
+        if self.has_critic:
+            logits = logits[0]
         logprobs = self.policy.distribution.logprobs(logits, tokens.to(self.device), self.algo.temperature)
         return logprobs.float().cpu()
 
