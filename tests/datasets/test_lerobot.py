@@ -105,8 +105,8 @@ def test_video_features_carry_lerobots_info_keys(tmp_path: Path, version: str) -
         assert (info["video.is_depth_map"], info["video.channels"], info["has_audio"]) == (False, 3, False)
 
 
-REFERENCE = Path(__file__).resolve().parent / "reference"
-"""Files written as LeRobot 0.4.4 writes them (reference/make_reference.py says how)."""
+REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot_reference"
+"""Files written as LeRobot 0.4.4 writes them (tests/fixtures/lerobot_reference/make_reference.py says how)."""
 
 
 def test_v30_tasks_are_written_as_lerobot_writes_them_and_read_in_both_layouts(tmp_path: Path) -> None:
