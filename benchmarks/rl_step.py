@@ -48,6 +48,10 @@ step's own rollout phase, "ahead s": during its update; "wait s": what the sync 
 its decodes went before the update's kernels, `rollout/ahead_urgent`); "GPU busy" is the mean of NVML's utilisation
 (share of time some kernel ran) sampled through the step.
 
+`--algo ppo` runs our way twice, each in a process of its own: with GRPO, then with PPO's critic (`algo=ppo` over
+the same episodes, groups of one), and prints both rows and `rl_step ppo: step_ratio=<ppo / grpo> update_ratio=...
+peak_gib=<ppo's> grpo_peak_gib=...`: what the value head and its pass before the update cost.
+
 `--precision fp8` runs our way's rollouts on the FP8 engine (`rollout.precision=fp8`; the table's mismatch
 columns are then its gap to the actor, `train/mismatch_*`) and, after its steps, one rollout each with the FP8 and
 the bf16 products on the same engine and fleet settings, side by side (`rl_step rollouts fp8: ...`; with
@@ -121,6 +125,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--action-head", default="tokens", choices=("tokens", "l1"),
                    help="model.action_head: l1 trains the L1-regression head's Gaussian (our way only: the anchors "
                         "cannot train it)")
+    p.add_argument("--algo", default="grpo", choices=("grpo", "ppo"),
+                   help="ppo: our way with PPO's critic (algo=ppo: a value head, its values read in a pass before the "
+                        "update) beside our way with GRPO, each in a process of its own, and their ratios (the "
+                        "anchors' way left out)")
+    p.add_argument("--run-algo", default="", choices=("", "grpo", "ppo"), help=argparse.SUPPRESS)
     p.add_argument("--dry-run", action="store_true",
                    help="CPU: the script end to end at a small batch with the policy shrunk to a few thousand "
                         "parameters; for a model with timm towers (oft_7b), which do not shrink, its plan and memory "
@@ -143,7 +152,7 @@ def trainer_config(args: argparse.Namespace, substeps: int, gpu: bool | None = N
     overrides = [
         f"model={args.model}", "model.proprio_dim=4", f"model.lora.rank={args.lora_rank}",  # the reach task's proprio
         f"model.action_head={args.action_head}",
-        "algo=grpo", f"algo.batch_size={args.groups}", f"algo.group_size={args.group_size}",
+        *algo_overrides(args),
         "algo.mini_batches=1", f"algo.micro_batches={max(1, samples // args.micro_batch)}",
         "algo.old_logprobs=recompute", "algo.old_logprobs_from_update=true", "deepspeed.stream_optimizer_states=true",
         "deepspeed.trim_prompt_padding=true",
@@ -166,6 +175,46 @@ def trainer_config(args: argparse.Namespace, substeps: int, gpu: bool | None = N
         cfg = replace(cfg, model=replace(cfg.model, hidden_size=32, intermediate_size=64, num_layers=1,
                                          vision_dim=32, num_heads=2))
     return validate(cfg) if check else cfg
+
+
+def algo_overrides(args: argparse.Namespace) -> list[str]:
+    """The run's algorithm: GRPO's groups, or PPO over the same episodes (groups of one; its critic's value head
+    with ppo.yaml's settings)."""
+    if (args.run_algo or "grpo") == "ppo":
+        return ["algo=ppo", f"algo.batch_size={args.groups * args.group_size}", "algo.group_size=1"]
+    return ["algo=grpo", f"algo.batch_size={args.groups}", f"algo.group_size={args.group_size}"]
+
+
+def beside_grpo(args: argparse.Namespace) -> None:
+    """`--algo ppo`: this script with our way's GRPO, then with PPO, each in a process of its own (one GPU's memory
+    each), their rows side by side and `rl_step ppo: step_ratio=<ppo / grpo> update_ratio=... peak_gib=...
+    grpo_peak_gib=...`."""
+    import subprocess
+
+    summary: dict[str, dict] = {}
+    for algo in ("grpo", "ppo"):
+        out = tempfile.mktemp(prefix=f"rl_step_{algo}_", suffix=".json")
+        cmd = [sys.executable, *[a for a in sys.argv if not a.startswith("--algo") and a != "ppo"],
+               "--only-ours", "--run-algo", algo, "--json", out]
+        print(f"rl_step {algo}: {' '.join(cmd[1:])}", flush=True)
+        if subprocess.run(cmd).returncode != 0:
+            sys.exit(f"the {algo} run failed (its output is above)")
+        with open(out) as f:
+            summary[algo] = json.load(f)
+    rows = {algo: [r for r in data["rows"] if r["way"] == "ours"] for algo, data in summary.items()}
+
+    def mean(algo: str, key: str) -> float:
+        return float(np.mean([r[key] for r in rows[algo]]))
+
+    print("\n| algo | step s | update s | of which proximal pass s | sync s | peak GiB |\n|---|---|---|---|---|---|")
+    for algo in rows:
+        print(f"| {algo} | {mean(algo, 'step_s'):.1f} | {mean(algo, 'time/update_s'):.1f} | "
+              f"{mean(algo, 'time/recompute_s'):.1f} | {mean(algo, 'time/sync_s'):.1f} | "
+              f"{max(r['peak_gib'] for r in rows[algo]):.1f} |")
+    print(f"rl_step ppo: step_ratio={mean('ppo', 'step_s') / mean('grpo', 'step_s'):.3f} "
+          f"update_ratio={mean('ppo', 'time/update_s') / mean('grpo', 'time/update_s'):.3f} "
+          f"peak_gib={max(r['peak_gib'] for r in rows['ppo']):.1f} "
+          f"grpo_peak_gib={max(r['peak_gib'] for r in rows['grpo']):.1f}", flush=True)
 
 
 def anchors_update(cfg: Config, samples: int) -> Config:
@@ -616,6 +665,9 @@ def table(rows: list[dict]) -> str:
 
 
 def main(args: argparse.Namespace) -> None:
+    if args.algo == "ppo" and not args.run_algo:
+        beside_grpo(args)
+        return
     if args.action_head == "l1":
         args.only_ours = True  # the anchors' trainers decode LM-head bins only
     if args.dry_run and (full := trainer_config(args, 0, gpu=True, shrink=False, check=False)).model.timm_model_ids:

@@ -7,9 +7,11 @@ Per seed, six commands run one after another, each as the README gives it (their
 lines parsed): scripted demonstrations on the TRAIN init states, the gripper starting anywhere over the table
 (launch/demonstrate.py) -> supervised fine-tuning in two stages, the first on the first steps of each demonstration
 (where the instruction's cube decides the moves), the second on whole demonstrations from the first's checkpoint
-(launch/sft.py) -> evaluation of the SFT policy on the held-out EVAL init states (launch/eval.py) -> GRPO from the
-SFT checkpoint (launch/train.py) -> evaluation of the RL policy (launch/eval.py). Everything a run writes stays in
-`--out/seed_<s>/`. Prints one row per seed and, per seed, the line
+(launch/sft.py) -> evaluation of the SFT policy on the held-out EVAL init states (launch/eval.py) -> RL from the
+SFT checkpoint (launch/train.py, `--algo grpo` or `ppo`) -> evaluation of the RL policy (launch/eval.py). Everything
+a run writes stays in `--out/seed_<s>/`, with each phase's minutes in `minutes.json`; `--sft-from <earlier out>`
+reuses an earlier run's demonstrations and SFT policies (another RL from the same start), counting their minutes as
+measured. Prints one row per seed and, per seed, the line
 `sft_rl: task=pick_place seed=<s> sft=<x.xx> rl=<y.yy> minutes=<m>` (minutes: the six commands' wall time; the
 line's figures are cut, never rounded up, the table's have three decimals).
 """
@@ -17,6 +19,7 @@ line's figures are cut, never rounded up, the table's have three decimals).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -35,8 +38,11 @@ state (4 x 80), the gripper starting within 0.15 m of the table's centre; 1000 S
 POLICY = ["model=tiny_pick_place", "model.attention=bidirectional", "model.use_film=true"]
 """The tiny policy with every position attending to every other and the vision FiLMed by the prompt: the two let
 the image patches read the instruction (docs/performance.md, "Where the cube's word is needed")."""
-RL = ["algo=grpo", "algo.mini_batches=4", "algo.micro_batches=1"]
-"""GRPO from the SFT policy: SimpleVLA-RL's recipe (configs/algo/grpo.yaml), four optimizer steps per RL step."""
+RL = {"grpo": ["algo=grpo", "algo.mini_batches=4", "algo.micro_batches=1"],
+      "ppo": ["algo=ppo", "algo.mini_batches=4", "algo.micro_batches=1"]}
+"""RL from the SFT policy (`--algo`): GRPO, SimpleVLA-RL's recipe (configs/algo/grpo.yaml), or PPO with a critic
+(configs/algo/ppo.yaml: 64 episodes a step, chunk-level GAE); four optimizer steps per RL step. `--rl-args` adds
+overrides."""
 
 
 def parse() -> argparse.Namespace:
@@ -50,7 +56,13 @@ def parse() -> argparse.Namespace:
                    help="sft.first_steps of the first SFT stage (0: one stage on whole demonstrations)")
     p.add_argument("--sft-steps", type=int, default=RECIPE["sft_steps"], help="supervised optimizer steps")
     p.add_argument("--sft-lr", type=float, default=RECIPE["sft_lr"], help="supervised learning rate")
-    p.add_argument("--rl-steps", type=int, default=RECIPE["rl_steps"], help="GRPO steps from the SFT policy")
+    p.add_argument("--rl-steps", type=int, default=RECIPE["rl_steps"],
+                   help="RL steps from the SFT policy (0: stop after the SFT policy's evaluation)")
+    p.add_argument("--algo", choices=sorted(RL), default="grpo", help="the RL algorithm")
+    p.add_argument("--rl-args", nargs="*", default=[], help="more launch/train.py overrides of the RL run")
+    p.add_argument("--sft-from", default="",
+                   help="an earlier --out whose demonstrations, SFT policies and their evaluation this run reuses (its "
+                        "measured minutes count in each seed's total)")
     p.add_argument("--out", default="runs/sft_rl", help="where every run of every seed is written")
     p.add_argument("--dry-run", action="store_true", help="toy sizes: the pipeline end to end, not its figures")
     return p.parse_args()
@@ -73,13 +85,36 @@ def last_value(stdout: str, key: str) -> float:
 
 
 def pipeline(args: argparse.Namespace, seed: int) -> dict[str, float]:
+    """One seed's commands; its success rates and minutes (each phase's in `minutes.json` of its folder)."""
     out = Path(args.out) / f"seed_{seed}"
     if out.exists() and any(out.iterdir()):
         sys.exit(f"{out} is not empty: name another --out, or remove it")
     small = ["env.num_eval_init_states=1", "env.max_steps=8", "parallel.num_workers=1", "parallel.sims_per_worker=2"] \
         if args.dry_run else []
-    rl = [*RL, "algo.batch_size=2", "algo.group_size=2", "algo.mini_batches=1"] if args.dry_run else RL
     task = ["env=pick_place", f"seed={seed}", "progress=false", *small]
+    sft_dir, (sft_rate, sft_minutes) = supervised(args, seed, task, out)
+    if not args.rl_steps:
+        return {"seed": seed, "sft": sft_rate, "rl": math.nan, "minutes": sft_minutes}
+    start = time.perf_counter()
+    rl = [*RL[args.algo], *args.rl_args]
+    if args.dry_run:
+        rl += ["algo.batch_size=2", "algo.group_size=2", "algo.mini_batches=1"]
+    run("train", *task, f"model.checkpoint={sft_dir / 'sft'}", *rl, f"steps={args.rl_steps}",
+        f"eval_every={max(1, args.rl_steps // 5)}", f"save_every={args.rl_steps}", f"run_dir={out / 'rl'}")
+    rl_rate = last_value(run("eval", *task, f"model.checkpoint={out / 'rl'}", f"run_dir={out / 'rl_eval'}"),
+                         "success_rate")
+    minutes = {"sft": sft_minutes, "rl": (time.perf_counter() - start) / 60}
+    (out / "minutes.json").write_text(json.dumps({**minutes, "sft_success": sft_rate}))
+    return {"seed": seed, "sft": sft_rate, "rl": rl_rate, "minutes": sum(minutes.values())}
+
+
+def supervised(args: argparse.Namespace, seed: int, task: list[str], out: Path) -> tuple[Path, tuple[float, float]]:
+    """The seed's demonstrations, two SFT stages and the SFT policy's evaluation: run into `out`, or those of
+    `--sft-from` (their success rate and minutes as measured then). The folder holding them, (success, minutes)."""
+    if args.sft_from:
+        earlier = Path(args.sft_from) / f"seed_{seed}"
+        record = json.loads((earlier / "minutes.json").read_text())
+        return earlier, (record["sft_success"], record["sft"])
     start = time.perf_counter()
     run("demonstrate", *task, f"env.pick_place.start_spread={args.start_spread}", f"record.path={out / 'demos'}",
         f"demo.episodes={args.demos}", f"demo.noise={args.noise}", f"hydra.run.dir={out / 'demonstrate'}")
@@ -89,13 +124,11 @@ def pipeline(args: argparse.Namespace, seed: int) -> dict[str, float]:
         run("sft", *sft, *POLICY, f"sft.first_steps={args.first_steps}", f"run_dir={out / 'sft_first'}")
         start_from = [f"model.checkpoint={out / 'sft_first'}"]
     run("sft", *sft, *start_from, f"run_dir={out / 'sft'}")
-    sft_rate = last_value(run("eval", *task, f"model.checkpoint={out / 'sft'}", f"run_dir={out / 'sft_eval'}"),
-                          "success_rate")
-    run("train", *task, f"model.checkpoint={out / 'sft'}", *rl, f"steps={args.rl_steps}",
-        f"eval_every={max(1, args.rl_steps // 5)}", f"save_every={args.rl_steps}", f"run_dir={out / 'rl'}")
-    rl_rate = last_value(run("eval", *task, f"model.checkpoint={out / 'rl'}", f"run_dir={out / 'rl_eval'}"),
-                         "success_rate")
-    return {"seed": seed, "sft": sft_rate, "rl": rl_rate, "minutes": (time.perf_counter() - start) / 60}
+    rate = last_value(run("eval", *task, f"model.checkpoint={out / 'sft'}", f"run_dir={out / 'sft_eval'}"),
+                      "success_rate")
+    minutes = (time.perf_counter() - start) / 60
+    (out / "minutes.json").write_text(json.dumps({"sft": minutes, "sft_success": rate}))
+    return out, (rate, minutes)
 
 
 def main() -> None:

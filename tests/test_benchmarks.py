@@ -76,6 +76,14 @@ def test_rl_step_dry_run_prints_both_ways_and_the_last_line():
     assert any("no GPU: no memory cap" in line for line in lines)
 
 
+def test_rl_step_dry_run_puts_ppo_beside_grpo():
+    lines = rl_step("--algo", "ppo", "--micro-batch", "4")
+    assert re.fullmatch(r"rl_step ppo: step_ratio=\d+\.\d{3} update_ratio=\d+\.\d{3} peak_gib=(nan|\d+\.\d) "
+                        r"grpo_peak_gib=(nan|\d+\.\d)", lines[-1]), lines[-1]
+    assert [line.split("|")[1].strip() for line in lines[-3:-1]] == ["grpo", "ppo"]
+    assert not any(line.startswith("| anchors |") for line in lines)
+
+
 def test_rl_step_dry_run_with_the_rollout_during_the_update(tmp_path):
     figures = tmp_path / "rl_step.json"
     lines = rl_step("--max-staleness", "1", "--micro-batch", "4", "--json", str(figures))
