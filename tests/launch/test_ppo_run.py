@@ -58,15 +58,18 @@ def test_a_ppo_run_saves_its_critic_resumes_and_its_folder_is_a_policy(tmp_path)
 
 
 @pytest.mark.slow
-def test_ppo_from_a_folder_without_a_critic_starts_a_fresh_one_and_trains_the_l1_head(tmp_path):
+def test_ppo_from_a_folder_without_a_critic_starts_a_fresh_one_and_trains_the_l1_head_one_step_off(tmp_path):
+    """GRPO's L1-head folder, then PPO from it with the next rollout played during each update
+    (`algo.max_staleness=1`): the values and old log-probs come from the proximal pass."""
     grpo = tmp_path / "grpo"
     train_ok("model.action_head=l1", "steps=1", "eval_every=10", "save_every=1", f"run_dir={grpo}")
-    proc = train_ok(*PPO, "steps=1", "eval_every=10", "save_every=1", f"model.checkpoint={grpo}",
-                    f"run_dir={tmp_path / 'ppo'}")
+    proc = train_ok(*PPO, "algo.max_staleness=1", "algo.tis_cap=2.0", "steps=3", "eval_every=10", "save_every=3",
+                    f"model.checkpoint={grpo}", f"run_dir={tmp_path / 'ppo'}")
     assert f"critic: a fresh value head ({grpo / 'checkpoints' / 'step_1'} has no value head)" in proc.stdout
-    assert (tmp_path / "ppo" / "checkpoints" / "step_1" / "value_head.safetensors").exists()
+    assert (tmp_path / "ppo" / "checkpoints" / "step_3" / "value_head.safetensors").exists()
     scalars = read_scalars(str(tmp_path / "ppo" / "tb"))
-    assert scalars["train/value_loss"][0][1] > 0
+    assert all(v > 0 for _, v in scalars["train/value_loss"])
+    assert max(v for _, v in scalars["train/staleness_max"]) == 1.0
 
 
 @pytest.mark.slow
