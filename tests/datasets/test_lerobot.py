@@ -19,7 +19,7 @@ from PIL import Image
 # before the imports that need it: without PyAV the module is skipped, not a collection error
 av = pytest.importorskip("av", reason="PyAV (the av package) writes and reads the datasets' videos: `make install`")
 
-from vla_scale.datasets import lerobot_v30  # noqa: E402
+from vla_scale.datasets import lerobot_stats, lerobot_v30  # noqa: E402
 from vla_scale.datasets.episodes import Episode  # noqa: E402
 from vla_scale.datasets.lerobot import (  # noqa: E402
     DatasetError,
@@ -125,6 +125,68 @@ def test_v30_tasks_are_written_as_lerobot_writes_them_and_read_in_both_layouts(t
     assert lerobot_v30.read_tasks(tmp_path) == dict(enumerate(texts))
     write_v30_tasks(tmp_path, texts)  # the text as a column named "task", as earlier writers left it
     assert lerobot_v30.read_tasks(tmp_path) == dict(enumerate(texts))
+
+
+def json_types(value: object) -> set[type]:
+    """The types of the numbers in a (nested) JSON list."""
+    if isinstance(value, list):
+        return set().union(*(json_types(v) for v in value))
+    return {type(value)}
+
+
+def test_v30_stats_keep_the_columns_dtypes_as_lerobot_stores_them(tmp_path: Path) -> None:
+    """int64 and bool columns' min and max stay ints and bools (meta/episodes list<int64>, list<bool>; stats.json
+    integers, true/false), count an int, the rest floats, as in LeRobot 0.4.4's reference files."""
+    root = write_dataset(tmp_path / "ds", make_episodes(), KEYS, video=False)
+    ours = pq.read_schema(root / "meta/episodes/chunk-000/file-000.parquet")
+    reference = pq.read_schema(REFERENCE / "episodes_stats.parquet")
+    shared = [name for name in reference.names if name in ours.names]
+    for feature in ("action", "next.success", "timestamp", "frame_index", "episode_index", "index", "task_index"):
+        assert f"stats/{feature}/min" in shared and f"stats/{feature}/q99" in shared, feature
+    assert {name: str(ours.field(name).type) for name in shared} == \
+        {name: str(reference.field(name).type) for name in shared}
+    assert str(ours.field("stats/next.success/min").type) == "list<element: bool>"
+    assert str(ours.field("stats/index/max").type) == "list<element: int64>"
+
+    expected = json.loads((REFERENCE / "stats.json").read_text())
+    stats = json.loads((root / "meta/stats.json").read_text())
+    for feature in [feature for feature in expected if feature in stats]:
+        assert list(stats[feature]) == list(expected[feature]), feature
+        for name in expected[feature]:
+            assert json_types(stats[feature][name]) == json_types(expected[feature][name]), (feature, name)
+    assert stats["next.success"]["min"] == [False] and stats["next.success"]["max"] == [True]
+    assert stats["index"]["min"] == [0] and stats["index"]["max"] == [18] and stats["index"]["count"] == [19]
+    assert stats["frame_index"]["mean"] == [np.mean([i for n in (5, 3, 7, 4) for i in range(n)])]
+
+
+def test_stats_stored_as_floats_still_read_and_aggregate(tmp_path: Path) -> None:
+    """A dataset whose stats are all floats (as written before they kept their dtypes) reads back, and episode
+    stats in floats aggregate to the same numbers as in their own dtypes."""
+    episodes = make_episodes()
+    root = write_dataset(tmp_path / "ds", episodes, KEYS, video=False)
+    path = root / "meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    floats = pa.list_(pa.float64())
+    for i, field in enumerate(table.schema):
+        if field.name.startswith("stats/") and not field.name.endswith("/count") and \
+                field.type in (pa.list_(pa.int64()), pa.list_(pa.bool_())):
+            table = table.set_column(i, pa.field(field.name, floats), table.column(i).cast(floats))
+    pq.write_table(table, path)
+    stats = json.loads((root / "meta/stats.json").read_text())
+    as_floats = {f: {k: v if k == "count" else np.asarray(v, np.float64).tolist() for k, v in block.items()}
+                 for f, block in stats.items()}
+    (root / "meta/stats.json").write_text(json.dumps(as_floats, indent=4))
+    assert_same(episodes, read_dataset(root, KEYS, action_dim=7, state_dim=4))
+
+    rows = pq.read_table(path).to_pylist()
+    per_episode = [{f: {name: row[f"stats/{f}/{name}"] for name in stats[f]} for f in ("index", "next.success")}
+                   for row in rows]
+    aggregated = lerobot_stats.aggregate(per_episode)
+    assert aggregated["index"]["min"] == [0.0] and aggregated["index"]["max"] == [18.0]
+    assert isinstance(aggregated["index"]["min"][0], float) and isinstance(aggregated["next.success"]["max"][0], float)
+    assert aggregated["next.success"]["max"] == [1.0] and aggregated["index"]["count"] == [19]
+    for name in ("mean", "std", "q50"):
+        np.testing.assert_allclose(aggregated["index"][name], stats["index"][name], rtol=1e-12)
 
 
 def test_v30_starts_new_files_at_its_size_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

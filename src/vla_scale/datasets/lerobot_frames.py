@@ -92,17 +92,18 @@ def read_rows(path: Path, columns: list[str]) -> dict[int, pa.Table]:
     return {int(episode[s]): table.slice(s, e - s) for s, e in zip(starts, ends, strict=True)}
 
 
-def vectors(column: pa.ChunkedArray) -> np.ndarray:
-    """float32 [T, D] from a list, fixed-size list or (D = 1) scalar column."""
+def vectors(column: pa.ChunkedArray, dtype: type[np.generic] | None = np.float32) -> np.ndarray:
+    """[T, D] from a list, fixed-size list or (D = 1) scalar column, as `dtype` (None: the column's own)."""
     array = column.combine_chunks()
     if not pa.types.is_list(array.type) and not pa.types.is_fixed_size_list(array.type) \
             and not pa.types.is_large_list(array.type):
-        return array.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, 1)
-    lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False)
-    if len(lengths) and (lengths != lengths[0]).any():
-        raise ValueError(f"rows hold vectors of different lengths {sorted(set(lengths.tolist()))}")
-    width = int(lengths[0]) if len(lengths) else 0
-    return array.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(array), width)
+        values, width = array.to_numpy(zero_copy_only=False), 1
+    else:
+        lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False)
+        if len(lengths) and (lengths != lengths[0]).any():
+            raise ValueError(f"rows hold vectors of different lengths {sorted(set(lengths.tolist()))}")
+        values, width = array.flatten().to_numpy(zero_copy_only=False), int(lengths[0]) if len(lengths) else 0
+    return (values if dtype is None else values.astype(dtype)).reshape(len(array), width)
 
 
 def stored_images(column: pa.ChunkedArray, root: Path, data_file: Path) -> np.ndarray:
