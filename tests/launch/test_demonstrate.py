@@ -1,5 +1,6 @@
 """launch/demonstrate.py end to end: scripted pick_place demonstrations written as a LeRobot dataset re-read to the
-very episodes the demonstrator plays; bad input refused before any simulator starts."""
+very episodes the demonstrator plays (frames within the default video codec's 2 levels); bad input refused before any
+simulator starts."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from vla_scale.datasets.lerobot import LeRobotKeys, read_dataset  # noqa: E402
 from vla_scale.envs.pick_place import CAMERAS, PickPlaceEnv  # noqa: E402
 from vla_scale.envs.pick_place_demo import Demonstrator, play  # noqa: E402
 from vla_scale.envs.types import TaskSpec  # noqa: E402
+
+VIDEO_ERROR = 2
+"""The most an RGB value moves through the default video codec (h264_yuv444, tests/datasets/test_lerobot.py)."""
 
 
 def test_recorded_demonstrations_re_read_to_the_episodes_played(tmp_path: Path) -> None:
@@ -35,7 +39,8 @@ def test_recorded_demonstrations_re_read_to_the_episodes_played(tmp_path: Path) 
         assert got.instruction == want.instruction and got.success is True
         assert np.array_equal(got.actions, want.actions) and np.array_equal(got.state, want.state)
         for camera in CAMERAS:
-            assert np.array_equal(got.images[camera], want.images[camera])
+            error = np.abs(got.images[camera].astype(np.int16) - want.images[camera].astype(np.int16))
+            assert got.images[camera].shape == want.images[camera].shape and error.max() <= VIDEO_ERROR
 
 
 def test_an_env_without_a_demonstrator_is_refused_before_anything_starts(tmp_path: Path) -> None:

@@ -3,8 +3,10 @@ dataset_problems, the metadata-only check to run before any heavy work.
 
 A dataset written here loads in LeRobot (same files, columns, metadata and stats), and one LeRobot recorded loads
 here: the version is read from meta/info.json's codebase_version. Videos are written with PyAV; the default codec
-(h264_lossless) re-reads bit-exact, "av1" is LeRobot's own lossy default. Episode success, when known, is each
-frame's next.success (true on the last frame of a successful episode) beside next.done.
+(h264_yuv444, pix_fmt yuv444p, which LeRobot's get_video_info() reads) re-reads within 2 levels of each RGB value,
+"h264_rgb" re-reads bit-exact (pix_fmt gbrp, which get_video_info() refuses), "av1" is LeRobot's own lossy default;
+`python -m vla_scale.datasets.video_compare DATASET` measures them on a dataset's frames. Episode success, when
+known, is each frame's next.success (true on the last frame of a successful episode) beside next.done.
 """
 
 from __future__ import annotations

@@ -21,14 +21,21 @@ class VideoCodec:
 
 
 CODECS: dict[str, VideoCodec] = {
-    # H.264 on RGB planes at quantiser 0: every frame decodes to the exact pixels it was given. One encoder thread
-    # because x264's output depends on its thread count: the same episodes give the same bytes on any machine.
-    # Keyframes every 2 frames keep random access as cheap as LeRobot's default.
-    "h264_lossless": VideoCodec("libx264rgb", "rgb24", {"qp": "0", "g": "2", "threads": "1"}),
+    # H.264 at quantiser 0 on full-resolution YUV (4:4:4, BT.601 limited range, PyAV's conversion): the YUV planes
+    # are kept exactly, the RGB -> YUV -> RGB round trip is off by at most 2 levels (pix_fmt yuv444p, which
+    # LeRobot's get_video_info() reads). One encoder thread because x264's output depends on its thread count: the
+    # same episodes give the same bytes on any machine. Keyframes every 2 frames keep random access as cheap as
+    # LeRobot's default.
+    "h264_yuv444": VideoCodec("libx264", "yuv444p", {"qp": "0", "g": "2", "threads": "1"}),
+    # H.264 on RGB planes at quantiser 0: every frame decodes to the exact pixels it was given. Its files' pix_fmt
+    # is gbrp, which LeRobot 0.4.4's get_video_info() refuses ("Unknown format"), so LeRobot's tools that inspect
+    # videos fail on them; its dataset loading reads them.
+    "h264_rgb": VideoCodec("libx264rgb", "rgb24", {"qp": "0", "g": "2", "threads": "1"}),
     # LeRobot's default: SVT-AV1 on 4:2:0 YUV, crf 30, keyframe every 2 frames, preset 12 (lossy).
     "av1": VideoCodec("libsvtav1", "yuv420p", {"crf": "30", "g": "2", "preset": "12"}),
 }
-DEFAULT_CODEC = "h264_lossless"
+DEFAULT_CODEC = "h264_yuv444"
+BIT_EXACT_CODEC = "h264_rgb"
 
 
 def codec_named(name: str) -> VideoCodec:
