@@ -68,7 +68,7 @@ def demonstrate(cfg: Config) -> float:
     keys = LeRobotKeys(cameras={c: f"observation.images.{c}" for c in CAMERAS}, setting="sft")
     if episodes:
         write_dataset(cfg.record.path, episodes, keys, version=cfg.record.version, fps=cfg.record.fps,
-                      video=cfg.record.video)
+                      video=cfg.record.video, codec=cfg.record.codec)
     rate = sum(d.success for d in played) / len(played)
     print(f"demonstrate: episodes={len(played)} recorded={len(episodes)} success_rate={rate:.3f} "
           f"path={cfg.record.path}", flush=True)

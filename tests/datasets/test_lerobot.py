@@ -565,3 +565,11 @@ def test_a_v21_dataset_with_image_files_reads(tmp_path: Path) -> None:
             "features": features}
     (root / "meta/info.json").write_text(json.dumps(info))
     assert_same(episodes, read_dataset(root, KEYS, action_dim=7, state_dim=4))
+
+
+def test_record_codec_names_every_codec() -> None:
+    """`record.codec`'s choices (checked without PyAV) are the codecs the writer has."""
+    from vla_scale.datasets.lerobot_format import VIDEO_CODECS
+    from vla_scale.datasets.video import CODECS
+
+    assert VIDEO_CODECS == tuple(CODECS)

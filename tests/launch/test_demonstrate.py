@@ -22,10 +22,14 @@ VIDEO_ERROR = 2
 """The most an RGB value moves through the default video codec (h264_yuv444, tests/datasets/test_lerobot.py)."""
 
 
-def test_recorded_demonstrations_re_read_to_the_episodes_played(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("codec", "largest_error"), [((), VIDEO_ERROR), (("record.codec=h264_rgb",), 0)])
+def test_recorded_demonstrations_re_read_to_the_episodes_played(tmp_path: Path, codec: tuple[str, ...],
+                                                                 largest_error: int) -> None:
+    """With the default codec frames come back within its 2 levels; with record.codec=h264_rgb bit for bit."""
     out = tmp_path / "demos"
     proc = run_script("demonstrate", "env=pick_place", f"record.path={out}", "demo.episodes=3", "demo.noise=0.2",
-                      "record.episodes=successes", "seed=5", f"hydra.run.dir={tmp_path / 'hydra'}", timeout=200)
+                      "record.episodes=successes", "seed=5", f"hydra.run.dir={tmp_path / 'hydra'}", *codec,
+                      timeout=200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1].startswith("demonstrate: episodes=3 recorded=")
     keys = LeRobotKeys(cameras={c: f"observation.images.{c}" for c in CAMERAS})
@@ -40,7 +44,7 @@ def test_recorded_demonstrations_re_read_to_the_episodes_played(tmp_path: Path) 
         assert np.array_equal(got.actions, want.actions) and np.array_equal(got.state, want.state)
         for camera in CAMERAS:
             error = np.abs(got.images[camera].astype(np.int16) - want.images[camera].astype(np.int16))
-            assert got.images[camera].shape == want.images[camera].shape and error.max() <= VIDEO_ERROR
+            assert got.images[camera].shape == want.images[camera].shape and error.max() <= largest_error
 
 
 def test_an_env_without_a_demonstrator_is_refused_before_anything_starts(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ def choices() -> dict[str, tuple[Any, ...]]:
     """Keys whose value must be one of a few names, each list taken from the module whose code the names select (the
     loss options, the LIBERO scene modes and env.name/env.suite are checked against their modules further down).
     Imported when the check runs, so that reading the configuration (and refusing a moved key) imports no torch."""
-    from vla_scale.datasets.lerobot_format import VERSIONS
+    from vla_scale.datasets.lerobot_format import VERSIONS, VIDEO_CODECS
     from vla_scale.models.critic import CRITIC_POSITIONS
     from vla_scale.models.fp8 import PRECISIONS
     from vla_scale.models.spec import ACTION_HEADS, ATTENTION_MODES, IMAGE_RESIZES
@@ -44,6 +44,7 @@ def choices() -> dict[str, tuple[Any, ...]]:
         "record.episodes": ("all", "successes"),
         "demo.label": ("executed", "intended"),
         "record.version": VERSIONS,
+        "record.codec": VIDEO_CODECS,
     }
 
 AT_LEAST_1, AT_LEAST_2, AT_LEAST_0 = (">= 1", 1, True), (">= 2", 2, True), (">= 0", 0, True)

@@ -400,7 +400,11 @@ class RecordConfig:
     version: str = "v3.0"
     """LeRobot layout to write: v3.0 or v2.1."""
     video: bool = True
-    """Cameras as lossless H.264 .mp4 files (false: PNG images inside the data files)."""
+    """Cameras as .mp4 files encoded with record.codec (false: PNG images inside the data files, bit-exact)."""
+    codec: str = "h264_yuv444"
+    """Video codec: h264_yuv444 (lossless H.264 on YUV 4:4:4, frames within 2 levels, read by LeRobot's tools),
+    h264_rgb (lossless H.264 on RGB planes, bit-exact frames; LeRobot's get_video_info() refuses its gbrp) or av1
+    (LeRobot's default, lossy)."""
     fps: int = 10
     """Frames per second the dataset declares."""
 

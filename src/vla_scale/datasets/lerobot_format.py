@@ -15,6 +15,8 @@ from vla_scale.datasets.episodes import Episode
 
 INFO_PATH = "meta/info.json"
 VERSIONS = ("v2.1", "v3.0")
+VIDEO_CODECS = ("h264_yuv444", "h264_rgb", "av1")
+"""The codecs videos can be written with (`video.CODECS`, named here so that checking a name needs no PyAV)."""
 CHUNKS_SIZE = 1000
 """Files (v3.0) or episodes (v2.1) per chunk-XXX folder, LeRobot's default."""
 SUCCESS, DONE = "next.success", "next.done"

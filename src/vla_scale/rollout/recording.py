@@ -75,5 +75,6 @@ def record_played(vla: PretrainedVLA, env: EnvConfig, trajs: list[Trajectory], r
         sim.close()
     if episodes:
         keys = LeRobotKeys({camera: f"observation.images.{camera}" for camera in cameras}, setting="record")
-        write_dataset(record.path, episodes, keys, version=record.version, fps=record.fps, video=record.video)
+        write_dataset(record.path, episodes, keys, version=record.version, fps=record.fps, video=record.video,
+                      codec=record.codec)
     return len(episodes)
