@@ -330,6 +330,25 @@ def with_critic_targets(plan: UpdatePlan, values: list[list[torch.Tensor]], algo
     return minis, metrics
 
 
+def without_final_rows(mini: MiniBatch, olds: list[torch.Tensor | None]
+                       ) -> tuple[MiniBatch, list[torch.Tensor | None]]:
+    """`mini` without its final-observation rows (and their old log-probs): the proximal pass read their values,
+    and they have no action and no target, so the update's forward and backward skip them (a micro-batch of final
+    observations alone keeps one, weighed 0, so every rank runs the same passes)."""
+    kept_minis, kept_olds = [], []
+    for micro, old in zip(mini.micro_batches, olds, strict=True):
+        assert micro.rows is not None
+        keep = np.flatnonzero(~micro.rows.bootstrap.numpy())
+        keep = keep if len(keep) else np.arange(1)
+        index = torch.from_numpy(keep)
+        rows = RowIndex(*(field[index] for field in micro.rows))
+        critic = None if micro.critic is None else CriticTargets(*(field[index] for field in micro.critic))
+        kept_minis.append(MicroBatch(micro.inputs.rows(keep), micro.tokens[index], micro.rollout_logprobs[index],
+                                     micro.advantages[index], micro.mask[index], micro.weights[index], rows, critic))
+        kept_olds.append(None if old is None else old[index])
+    return MiniBatch(tuple(kept_minis)), kept_olds
+
+
 def _targeted(micro: MicroBatch, gae: list[tuple[torch.Tensor, torch.Tensor]], values: list[np.ndarray],
               last: np.ndarray) -> MicroBatch:
     """`micro` with its rows' advantages, returns and old values (a final observation's: 0, 0 and its value)."""

@@ -1,7 +1,7 @@
-"""PPO through the one update (tiny model, CPU, fp32): the plan's rows (a truncated episode's final observation
-among them, out of the policy loss), PPO's advantages and targets from the critic's values by hand, a value head that
-learns its returns, a warm-up that moves the value head alone, and the shared backbone learning from the value loss
-unless detached."""
+"""PPO through the one update (tiny model, CPU, fp32): the plan's rows (a truncated episode's final
+observation among them, read by the proximal pass only), PPO's advantages and targets from the critic's values by
+hand, a value head that learns its returns, a warm-up that moves the value head alone, and the shared backbone
+learning from the value loss unless detached."""
 
 from dataclasses import replace
 
@@ -142,6 +142,7 @@ def test_warm_up_trains_the_value_head_alone_then_both_learn(zero_stage):
     assert losses[-1] < losses[0]
     after = a.update(plan, 3)
     assert after.critic["critic_warmup"] == 0.0 and checksum(a.policy) != policy
+    assert after.samples == 8  # the chunk steps: the final observations' rows only had their values read
     assert set(after.metrics()) >= {"value_loss", "value_clip_frac", "explained_variance", "value_mean",
                                     "return_mean", "advantage_mean", "advantage_std", "critic_warmup"}
 

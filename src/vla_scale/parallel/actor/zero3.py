@@ -25,7 +25,7 @@ from vla_scale.algo import (
     supervised_loss,
     truncated_is_weights,
 )
-from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan, with_critic_targets
+from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan, with_critic_targets, without_final_rows
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig, SftConfig
 from vla_scale.models.checkpoint_io import copy_tensors
 from vla_scale.models.critic import PolicyWithValue, ValueHead, read_value_head, value_head_file
@@ -255,12 +255,14 @@ class Actor:
         started = time.perf_counter()
         proximal = [self._proximal(mini, first=index == 0) for index, mini in enumerate(plan.minis)]
         recompute_s = time.perf_counter() - started
-        minis, critic = plan.minis, {}
+        minis, olds, critic = plan.minis, [p.old for p in proximal], {}
         if self.has_critic:
             minis, critic = with_critic_targets(plan, [p.values for p in proximal], self.algo, self._mean_over_ranks)
+            minis, olds = zip(*(without_final_rows(mini, old) for mini, old in zip(minis, olds, strict=True)),
+                              strict=True)
         warmup = self.has_critic and step < self.algo.critic.warmup_steps
         self._policy_lr(0.0 if warmup else self.algo.lr)
-        steps = [self._optimizer_step(mini, p.old, warmup) for mini, p in zip(minis, proximal, strict=True)]
+        steps = [self._optimizer_step(mini, old, warmup) for mini, old in zip(minis, olds, strict=True)]
         if self.has_critic:
             critic.update(value_loss=sum(s.value_loss for s in steps) / len(steps),
                           value_clip_frac=sum(s.value_clip_frac for s in steps) / len(steps),
