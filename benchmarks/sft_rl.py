@@ -140,8 +140,9 @@ def main() -> None:
     for r in rows:
         print(f"| {r['seed']} | {r['sft']:.3f} | {r['rl']:.3f} | {r['rl'] - r['sft']:+.3f} | {r['minutes']:.1f} |")
     for r in rows:
-        print(f"sft_rl: task=pick_place seed={r['seed']} sft={_down(r['sft'], 2)} rl={_down(r['rl'], 2)} "
-              f"minutes={_down(r['minutes'], 1)}", flush=True)
+        rl = "" if math.isnan(r["rl"]) else f" rl={_down(r['rl'], 2)}"  # --rl-steps 0: the SFT policy alone
+        print(f"sft_rl: task=pick_place seed={r['seed']} sft={_down(r['sft'], 2)}{rl} minutes={_down(r['minutes'], 1)}",
+              flush=True)
 
 
 def _down(value: float, places: int) -> str:
