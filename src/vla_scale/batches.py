@@ -235,8 +235,9 @@ def mini_batch_samples(trajs: list[Trajectory], advantages: torch.Tensor, algo: 
 
 
 def _bootstraps(traj: Trajectory, algo: AlgoConfig) -> int:
-    """1 when the critic needs the value of the episode's final observation (truncated), else 0."""
-    return int(algo.has_critic and traj.truncated and traj.final_images is not None)
+    """1 when the critic needs the value of the episode's final observation (truncated and bootstrapped), else 0."""
+    return int(algo.has_critic and algo.critic.bootstrap_truncated and traj.truncated
+               and traj.final_images is not None)
 
 
 def shuffled_parts(n: int, parts: int) -> list[list[int]]:
@@ -297,7 +298,8 @@ def with_critic_targets(plan: UpdatePlan, values: list[list[torch.Tensor]], algo
     """The plan's mini-batches with PPO's advantages and value targets, from `values` (the critic's, per micro-batch
     of each mini-batch, before the update): chunk-level GAE per episode (`algo.ppo.chunk_gae`; a successful episode
     terminated, a truncated one bootstrapped from its final observation's value), advantages normalised over every
-    rank's chunk steps (`algo.normalize_advantages`). Also the metrics of what was made: the values', returns' and
+    rank's chunk steps (`algo.normalize_advantages`; with `algo.critic.bootstrap_truncated=false` the step limit
+    ends an episode as a success does). Also the metrics of what was made: the values', returns' and
     advantages' means, the advantages' std (before normalising) and the critic's explained variance."""
     per_episode = [np.zeros(len(traj)) for traj in plan.trajectories]
     last = np.zeros(len(plan.trajectories))
@@ -310,8 +312,9 @@ def with_critic_targets(plan: UpdatePlan, values: list[list[torch.Tensor]], algo
                     last[e] = v
                 else:
                     per_episode[e][t] = v
+    ends = [not (traj.truncated and algo.critic.bootstrap_truncated) for traj in plan.trajectories]
     gae = [chunk_gae(torch.tensor(traj.rewards, dtype=torch.float64), torch.from_numpy(per_episode[e]),
-                     float(last[e]), not traj.truncated, algo.gamma, algo.gae_lambda)
+                     float(last[e]), ends[e], algo.gamma, algo.gae_lambda)
            for e, traj in enumerate(plan.trajectories)]
     advantages = torch.cat([a for a, _ in gae]) if gae else torch.zeros(0, dtype=torch.float64)
     returns = torch.cat([r for _, r in gae]) if gae else torch.zeros(0, dtype=torch.float64)

@@ -218,6 +218,10 @@ class CriticConfig:
     """Learning rate of the value head (0: algo.lr)."""
     warmup_steps: int = 0
     """First RL steps that train only the value head (the policy and the backbone keep their weights)."""
+    bootstrap_truncated: bool = True
+    """An episode the step limit cut goes on past its last chunk: its return adds the critic's value of its final
+    observation (false: the step limit ends the task as a failure, nothing after it is worth anything, as after a
+    success; right where success must come within the limit and the observation does not show the time)."""
 
 
 @dataclass

@@ -125,6 +125,21 @@ def test_advantages_and_targets_come_from_the_values_by_hand():
                 assert micro.critic.old_values[row].item() == pytest.approx(v, rel=1e-5)
 
 
+def test_without_bootstrapping_the_step_limit_ends_an_episode_as_a_success_does():
+    """`algo.critic.bootstrap_truncated=false`: no final-observation rows, and a truncated episode's GAE has V_T = 0."""
+    algo = replace(PPO, critic=replace(PPO.critic, bootstrap_truncated=False))
+    plan = plan_update(EPISODES, algo, CFG, PROCESSOR, one)
+    assert not any(bool(micro.rows.bootstrap.any()) for mini in plan.minis for micro in mini.micro_batches)
+    values = [[torch.full((len(micro.inputs),), 0.5) for micro in mini.micro_batches] for mini in plan.minis]
+    minis, _ = with_critic_targets(plan, values, replace(algo, normalize_advantages=False), one)
+    returns = {(e, t): float(r) for mini in minis for micro in mini.micro_batches
+               for e, t, r in zip(micro.rows.episode.tolist(), micro.rows.step.tolist(), micro.critic.returns,
+                                  strict=True)}
+    # episode 1: three chunks, no reward, truncated, every value 0.5, gamma 0.9, lambda 0.8, V_3 = 0:
+    # deltas -0.05, -0.05, -0.5; advantages -0.3452, -0.41, -0.5; returns 0.1548, 0.09, 0 (bootstrapped: 0.45 last)
+    assert [returns[(1, t)] for t in range(3)] == pytest.approx([0.1548, 0.09, 0.0], abs=1e-6)
+
+
 @pytest.mark.parametrize("zero_stage", [3, 0])
 def test_warm_up_trains_the_value_head_alone_then_both_learn(zero_stage):
     """In the critic's warm-up the policy keeps its weights (even under weight decay) while the value head moves
