@@ -144,14 +144,16 @@ def test_sft_rl_dry_run_runs_the_six_commands_and_prints_a_line_per_seed(tmp_pat
     minutes = json.loads((tmp_path / "seed_0" / "minutes.json").read_text())
     assert set(minutes) == {"sft", "rl", "sft_success"}
 
-    # another RL from the same SFT policy: PPO, its seed's SFT minutes and success carried over
+    assert (tmp_path / "seed_0" / "rl" / "checkpoints" / "step_1" / "value_head.safetensors").exists()  # PPO's
+
+    # another RL from the same SFT policy: GRPO, its seed's SFT minutes and success carried over
     again = tmp_path / "again"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sft_rl.py"), "--dry-run", "--seeds", "0",
-                           "--sft-from", str(tmp_path), "--algo", "ppo", "--out", str(again)], cwd=ROOT,
+                           "--sft-from", str(tmp_path), "--algo", "grpo", "--out", str(again)], cwd=ROOT,
                           env=script_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in (again / "seed_0").iterdir()) == ["minutes.json", "rl", "rl_eval"]
-    assert (again / "seed_0" / "rl" / "checkpoints" / "step_1" / "value_head.safetensors").exists()
+    assert not (again / "seed_0" / "rl" / "checkpoints" / "step_1" / "value_head.safetensors").exists()
     assert json.loads((again / "seed_0" / "minutes.json").read_text())["sft"] == minutes["sft"]
 
 
