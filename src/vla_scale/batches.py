@@ -1,12 +1,14 @@
-"""GRPO batches, named, from the episodes a step plays to what the actor takes: the record chain
+"""The update's batches, named, from the episodes a step plays to what the actor takes: the record chain
 `Trajectory -> Sample -> MiniBatch -> MicroBatch`, all in this module.
 
 A `Trajectory` is one episode as the env loop records it; `StepBatch` holds the groups kept for one update; each
-chunk step of their episodes is a `Sample` (with its episode's group-normalised advantage); `plan_update` splits the
-samples into `algo.mini_batches` optimizer steps (`MiniBatch`), each split into `algo.micro_batches` accumulation
-steps (`MicroBatch`: inputs, tokens, the rollout's log-probs, advantages, token mask and loss weights). Everything is
-built once, when the update is planned, and never changes after: the old log-probs, the truncated importance weights
-and the mismatch are the update's own (`Actor.grpo_update`).
+chunk step of their episodes is a `Sample` (with GRPO, its episode's group-normalised advantage); `plan_update`
+splits the samples into `algo.mini_batches` optimizer steps (`MiniBatch`), each split into `algo.micro_batches`
+accumulation steps (`MicroBatch`: inputs, tokens, the rollout's log-probs, advantages, token mask and loss weights),
+and returns them as an `UpdatePlan`. Everything is built once, when the update is planned; the old log-probs, the
+truncated importance weights and the mismatch are the update's own (`Actor.update`). With a critic (PPO) the
+advantages and value targets are made from the critic's values read before the update (`with_critic_targets`),
+and the micro-batches are remade with them.
 """
 
 from __future__ import annotations
