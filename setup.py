@@ -12,6 +12,7 @@ setup(
         "transformers==5.24.0",
         "tokenizers==0.23.3",
         "safetensors==0.8.0",
+        "sentencepiece==0.2.3",
         "deepspeed==0.19.8",
         "ray==2.60.0",
         "hydra-core==1.3.8",

@@ -1,0 +1,110 @@
+"""openpi's normalisation of states and actions, read from its `norm_stats.json`, both ways (numpy only).
+
+A π0 checkpoint's `assets/<robot>/norm_stats.json` holds, per key (`state`, `actions`), the mean, standard
+deviation and 1st/99th percentiles of each dimension: `{"norm_stats": {"state": {"mean": [...], "std": [...],
+"q01": [...], "q99": [...]}, "actions": {...}}}`. openpi normalises with one of two rules (`transforms.Normalize`,
+`Unnormalize`), chosen by the model: π0 by z-scores, π0.5 by quantiles (q01 -> -1, q99 -> +1). The formulas below
+are openpi's to the operation, including its edge rules, so a round trip gives its numbers exactly:
+
+- normalising, the statistics are cut to the value's size (a robot's 8-d state against 8-d statistics);
+- un-normalising a value wider than the statistics (the model's 32-d padded actions), z-scores pad the mean with 0
+  and the std with 1 (so the padding is scaled by 1 + 1e-6), quantiles leave the extra dimensions as they are;
+- 1e-6 is added to every divisor (std, q99 - q01), and multiplied back the same way.
+
+The statistics stay float64 arrays as JSON gives them and numpy's type promotion applies, as in openpi.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vla_scale.models.pi0.spec import NORMALIZATIONS
+
+EPS = 1e-6
+"""Added to every divisor, openpi's."""
+
+
+@dataclass(frozen=True)
+class NormStats:
+    """One key's per-dimension statistics (q01 and q99 may be absent: z-scores only)."""
+
+    mean: np.ndarray
+    std: np.ndarray
+    q01: np.ndarray | None = None
+    q99: np.ndarray | None = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> NormStats:
+        def array(key: str) -> np.ndarray | None:
+            return None if d.get(key) is None else np.asarray(d[key], dtype=np.float64)
+
+        mean, std = array("mean"), array("std")
+        if mean is None or std is None:
+            raise ValueError(f"norm stats need 'mean' and 'std', found {sorted(d)}")
+        return cls(mean=mean, std=std, q01=array("q01"), q99=array("q99"))
+
+    def to_json(self) -> dict[str, Any]:
+        fields = {"mean": self.mean, "std": self.std, "q01": self.q01, "q99": self.q99}
+        return {k: None if v is None else v.tolist() for k, v in fields.items()}
+
+
+def read_norm_stats(path: str | Path) -> dict[str, NormStats]:
+    """`norm_stats.json` (or the folder that holds it) -> statistics per key."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "norm_stats.json"
+    data = json.loads(path.read_text())
+    if "norm_stats" not in data:
+        raise ValueError(f"{path}: no 'norm_stats' section (keys: {sorted(data)})")
+    return {key: NormStats.from_json(stats) for key, stats in data["norm_stats"].items()}
+
+
+class Pi0Normalizer:
+    """Normalise and un-normalise the keys of `stats` by z-scores or quantiles (module docstring)."""
+
+    def __init__(self, stats: dict[str, NormStats], mode: str):
+        if mode not in NORMALIZATIONS:
+            raise ValueError(f"normalization {mode!r}: choose one of {NORMALIZATIONS}")
+        if mode == "quantile":
+            lacking = sorted(k for k, s in stats.items() if s.q01 is None or s.q99 is None)
+            if lacking:
+                raise ValueError(f"quantile normalisation needs q01 and q99; {lacking} lack them")
+        self.stats = stats
+        self.mode = mode
+
+    def _of(self, key: str) -> NormStats:
+        if key not in self.stats:
+            raise KeyError(f"no norm stats for {key!r} (have {sorted(self.stats)})")
+        return self.stats[key]
+
+    def normalize(self, key: str, x: np.ndarray) -> np.ndarray:
+        s, dim = self._of(key), x.shape[-1]
+        if self.mode == "zscore":
+            return (x - s.mean[..., :dim]) / (s.std[..., :dim] + EPS)
+        q01, q99 = s.q01[..., :dim], s.q99[..., :dim]  # type: ignore[index]
+        return (x - q01) / (q99 - q01 + EPS) * 2.0 - 1.0
+
+    def unnormalize(self, key: str, x: np.ndarray) -> np.ndarray:
+        s, dim = self._of(key), x.shape[-1]
+        if self.mode == "zscore":
+            mean, std = _pad(s.mean, dim, 0.0), _pad(s.std, dim, 1.0)
+            return x * (std + EPS) + mean
+        q01, q99 = s.q01, s.q99
+        assert q01 is not None and q99 is not None
+        known = q01.shape[-1]
+        if known < dim:
+            head = (x[..., :known] + 1.0) / 2.0 * (q99 - q01 + EPS) + q01
+            return np.concatenate([head, x[..., known:]], axis=-1)
+        return (x + 1.0) / 2.0 * (q99 - q01 + EPS) + q01
+
+
+def _pad(values: np.ndarray, dim: int, fill: float) -> np.ndarray:
+    """`values` extended to `dim` entries with `fill` (unchanged when already that long or longer)."""
+    if values.shape[-1] >= dim:
+        return values
+    return np.pad(values, [(0, 0)] * (values.ndim - 1) + [(0, dim - values.shape[-1])], constant_values=fill)
