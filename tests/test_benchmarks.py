@@ -189,3 +189,23 @@ def test_learning_curves_puts_runs_side_by_side_at_equal_environment_steps(tmp_p
     assert "| a | 20 | 2000 |" in proc.stdout and "| b | 20 | 800 |" in proc.stdout
     budget = proc.stdout.split("at 800 environment steps:")[1]
     assert "| a | 0 | 0 |" in budget and budget.strip().endswith("| 0.400 |")
+
+
+def test_update_profile_dry_run_profiles_the_phases_and_runs_every_lever():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "update_profile.py"), "--model", "tiny",
+                           "--dry-run", "--loop-steps", "1", "--profile", "", "mb=4",
+                           "--variants", "mb=4,recompute=0", "overlap=0,resident=1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=script_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert sum(line.startswith("profile of one update") for line in lines) == 2
+    phases = [line.split(" | ")[0] for line in lines if line.startswith(("| forward", "| backward", "| step "))]
+    assert phases == ["| forward", "| backward", "| step"] * 2
+    assert any(line.startswith("step in the loop: ") for line in lines)
+    rows = [line for line in lines if line.startswith(("| as configured", "| mb=4,recompute=0", "| overlap=0"))]
+    assert len(rows) == 6  # each variant as it runs, then in the table
+    assert re.fullmatch(r"update_profile: base_s=\d+\.\d\d base_mfu=\d+\.\d{3} best=\S+ best_s=\d+\.\d\d "
+                        r"best_mfu=\d+\.\d{3}", lines[-1])
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "update_profile.py"), "--variants", "mb=4,x=1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, env=script_env())
+    assert bad.returncode != 0 and "'x=1' is not key=value" in bad.stdout + bad.stderr

@@ -97,6 +97,8 @@ BAD = [
     (["algo.tis_cap=2"], ["algo.tis_cap=2.0 needs algo.old_logprobs=recompute"]),
     (["deepspeed=zero3_offload", "deepspeed.offload_states_during_rollout=true"],
      ["deepspeed.offload_states_during_rollout=true", "offload_optimizer=false"]),
+    (["deepspeed.resident_sub_groups=2"], ["deepspeed.resident_sub_groups=2", "stream_optimizer_states=true"]),
+    (["deepspeed.recompute_layers=-2"], ["deepspeed.recompute_layers=-2", ">= -1"]),
 ]
 
 

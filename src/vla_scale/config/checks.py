@@ -80,6 +80,8 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     "parallel.ray_num_cpus": AT_LEAST_0,
     "deepspeed.param_persistence_threshold": AT_LEAST_0,
     **{f"deepspeed.{k}": AT_LEAST_1 for k in ("prefetch_bucket_size", "max_live_parameters", "sub_group_size")},
+    "deepspeed.resident_sub_groups": AT_LEAST_0,
+    "deepspeed.recompute_layers": (">= -1 (-1: every layer)", -1, True),
     **{f"sft.{k}": AT_LEAST_1 for k in ("steps", "batch_size", "micro_batches", "log_every")},
     **{f"sft.{k}": AT_LEAST_0 for k in ("weight_decay", "grad_clip", "save_every", "first_steps")},
     "sft.lr": POSITIVE,
@@ -224,6 +226,9 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     if ds.offload_states_during_rollout and (ds.zero_stage != 3 or ds.offload_optimizer or ds.offload_param):
         problems.append("deepspeed.offload_states_during_rollout=true needs deepspeed.zero_stage=3 with "
                         "offload_optimizer=false and offload_param=false (states already on the CPU cannot move)")
+    if ds.resident_sub_groups and not ds.stream_optimizer_states:
+        problems.append(f"deepspeed.resident_sub_groups={ds.resident_sub_groups} keeps some streamed states on the "
+                        "GPU: it needs deepspeed.stream_optimizer_states=true")
     if ds.stream_optimizer_states and ds.offload_optimizer:
         problems.append("deepspeed.stream_optimizer_states=true steps on the GPU: it needs "
                         "deepspeed.offload_optimizer=false (that one steps on the CPU)")

@@ -334,6 +334,11 @@ class DeepSpeedConfig:
     activation_checkpointing: bool = False
     """Recompute the activations of the Llama layers and the vision towers' blocks in the backward pass instead of
     storing them (only each block's input is kept)."""
+    recompute_layers: int = -1
+    """With activation_checkpointing: how many Llama layers (the first ones) recompute; the others keep their
+    activations from the forward to the backward, spending memory to save their recompute (-1: every layer). The
+    vision towers' blocks always recompute: they hold as many activations per sample as the Llama layers for a
+    seventh of the FLOPs. `benchmarks/update_profile.py` measures the memory each layer costs."""
     leaf_modules: bool = False
     """ZeRO-3: fetch each Llama layer's and vision block's parameters at once on entering it (DeepSpeed leaf modules)
     instead of hooking every submodule: far fewer hooks and gathers per step on big models."""
@@ -357,6 +362,9 @@ class DeepSpeedConfig:
     offload_states_during_rollout's moves (the states never stay on the GPU)."""
     sub_group_size: int = 1_000_000_000
     """ZeRO-3: elements the optimizer steps at once (DeepSpeed's sub-groups; what stream_optimizer_states moves)."""
+    resident_sub_groups: int = 0
+    """With stream_optimizer_states: the states of this many sub-groups (the last ones stepped) stay on the GPU and
+    only the others stream, for a card with room beside the update (12 GB a sub-group at 7B in fp32)."""
     trim_prompt_padding: bool = True
     """The update's and the recompute's forwards run on each micro-batch's longest prompt instead of the fixed prompt
     budget (the cut columns are masked keys; false keeps the budget's padding, as the anchors run it)."""

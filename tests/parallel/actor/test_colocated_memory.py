@@ -11,6 +11,7 @@ from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer
 from vla_scale.models.vision import Block
 from vla_scale.parallel.actor import Actor
+from vla_scale.parallel.actor.optimizer_states import OptimizerStates
 from vla_scale.parallel.sync.weight_sync import gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import build_policy, spec_from_model_config
@@ -92,6 +93,27 @@ def test_streamed_optimizer_states_train_exactly_as_resident_ones():
     assert (stats, full) == (resident_stats, resident)
 
 
+def test_resident_sub_groups_stay_and_the_others_stream(monkeypatch):
+    """`deepspeed.resident_sub_groups`: the last sub-groups' states are never sent back to the host, the others are
+    after each step, and the weights are those of states resident throughout."""
+    ds = DeepSpeedConfig(zero_stage=3, sub_group_size=20_000)
+    _, resident, _ = _train(ds)
+    sent: list[int] = []
+    offload = OptimizerStates.offload
+
+    def recording(self, groups=None, wait=True):
+        sent.extend(groups or [])
+        return offload(self, groups, wait)
+
+    monkeypatch.setattr(OptimizerStates, "offload", recording)
+    _, full, actor = _train(DeepSpeedConfig(**{**vars(ds), "stream_optimizer_states": True,
+                                                "resident_sub_groups": 2}))
+    count = len(actor._state_holder.masters)
+    assert count > 3 and full == resident
+    assert sorted(set(sent)) == list(range(count - 2))  # the last two stay
+    assert len(sent) == 3 * (count - 2)  # each streamed sub-group once a step
+
+
 def test_streamed_states_save_and_resume_where_they_were(tmp_path):
     """A checkpoint of streamed states, loaded into a fresh actor, continues as the uninterrupted actor does; the
     loaded states are back in the host buffers."""
@@ -119,9 +141,26 @@ def test_streamed_states_save_and_resume_where_they_were(tmp_path):
 
 def test_activation_checkpointing_recomputes_and_trains_the_same(reference):
     stats, full, actor = _train(DeepSpeedConfig(zero_stage=3, activation_checkpointing=True))
-    assert actor.policy.language_model.is_activation_checkpointing
+    lm = actor.policy.language_model  # transformers 5.17 names it is_gradient_checkpointing
+    assert getattr(lm, "is_activation_checkpointing", None) or lm.is_gradient_checkpointing
     assert actor.policy.vision_backbone.featurizer.checkpointing
     assert (stats, full) == reference
+
+
+def test_only_the_first_layers_recompute_and_train_the_same(reference):
+    """`deepspeed.recompute_layers=1`: the first Llama layer runs its forward again in the backward pass, the second
+    keeps its activations; the training is the same."""
+    stats, full, actor = _train(DeepSpeedConfig(zero_stage=3, activation_checkpointing=True, recompute_layers=1))
+    layers = actor.policy.language_model.model.layers
+    assert [layer.gradient_checkpointing for layer in layers] == [True, False]
+    assert (stats, full) == reference
+    calls = {0: 0, 1: 0}
+    for index, layer in enumerate(layers):
+        layer.mlp.register_forward_pre_hook(lambda *_, i=index: calls.__setitem__(i, calls[i] + 1))
+    actor.update(UpdatePlan((MiniBatch(tuple(_micro_batches(5))),)))
+    assert calls == {0: 2, 1: 1}
+    actor.configure(DeepSpeedConfig(zero_stage=3, activation_checkpointing=True), actor.algo)  # -1: every layer
+    assert all(layer.gradient_checkpointing for layer in layers)
 
 
 def test_vision_blocks_recompute_in_the_backward_pass():

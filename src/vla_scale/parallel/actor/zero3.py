@@ -33,7 +33,7 @@ from vla_scale.models.lora import add_adapters
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.models.processor import PreparedInputs
 from vla_scale.models.vision import Block
-from vla_scale.parallel.actor.optimizer_states import OptimizerStates, stream_states_through_step
+from vla_scale.parallel.actor.optimizer_states import OptimizerStates, StatesStream, stream_states_through_step
 
 REDUCE_BUCKET_SIZE = 500_000_000
 """DeepSpeed's default gradient reduce bucket, in elements."""
@@ -181,10 +181,11 @@ class Actor:
         self.engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.ds_config)
         self.has_critic = head is not None
         self.zero_stage = ds.zero_stage
+        self.checkpointing = ds.activation_checkpointing
         self.states_offloaded = False
         self._state_holder: OptimizerStates | None = None  # built on the first offload (ZeRO-3 only)
         self.streams_states = False
-        self._stream_hooks = False
+        self._states_stream: StatesStream | None = None  # built when the states first stream through the step
         self.configure(ds, algo)
 
     @staticmethod
@@ -212,18 +213,30 @@ class Actor:
     def configure(self, ds: DeepSpeedConfig, algo: Training) -> None:
         """The settings of how updates run that may change between updates: the loss's (`algo`), prompt trimming and
         whether the optimizer states stream through the step (turned on: they leave the GPU now; off: they come
-        back). The DeepSpeed engine itself (ZeRO stage, precision, checkpointing) stays as it was built."""
+        back), and with activation checkpointing how many Llama layers recompute. The DeepSpeed engine itself (ZeRO
+        stage, precision, whether checkpointing is on) stays as it was built."""
         self.algo = algo
         self.trim = ds.trim_prompt_padding
+        if self.checkpointing:
+            self._recompute_layers(ds.recompute_layers)
         if ds.stream_optimizer_states and not self.streams_states:
             self.offload_states()
             assert self._state_holder is not None
-            if not self._stream_hooks:
-                stream_states_through_step(self.engine.optimizer, self._state_holder, lambda: self.streams_states)
-                self._stream_hooks = True
+            if self._states_stream is None:
+                self._states_stream = StatesStream(self._state_holder)
+                stream_states_through_step(self.engine.optimizer, self._states_stream, lambda: self.streams_states)
         self.streams_states = ds.stream_optimizer_states
+        if self._states_stream is not None:
+            self._states_stream.resident = ds.resident_sub_groups
         if not self.streams_states:
             self.reload_states()
+
+    def _recompute_layers(self, count: int) -> None:
+        """The first `count` Llama layers recompute their forward in the backward pass, the rest keep their
+        activations (-1: all recompute)."""
+        layers = self.policy.language_model.model.layers
+        for index, layer in enumerate(layers):
+            layer.gradient_checkpointing = count < 0 or index < count
 
     @property
     def policy(self) -> OFTPolicy:
@@ -363,8 +376,8 @@ class Actor:
             stats.clip_frac += info["clip_frac"] * share
             stats.approx_kl += info["approx_kl"] * share
             stats.entropy += entropy * share
-        if self.streams_states and self.device.type == "cuda":
-            torch.cuda.current_stream().synchronize()  # the last sub-groups' states have reached the host buffers
+        if self.streams_states and self._states_stream is not None:
+            self._states_stream.wait()  # the last sub-groups' states have reached the host buffers
         stats.grad_norm = float(self.engine.get_global_grad_norm() or 0.0)
         return stats
 
