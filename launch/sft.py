@@ -1,7 +1,8 @@
 """Supervised fine-tuning on demonstrations: `python launch/sft.py env=pick_place sft.dataset=DIR [overrides]`, also
 under `deepspeed launch/sft.py` or `torchrun` (the same command line handling as launch/train.py).
 
-The policy is `model.*` (a fresh one or `model.checkpoint=`), trained on the LeRobot dataset `sft.dataset` by
+The policy is `model.*` (a fresh one or `model.checkpoint=`; OpenVLA-OFT, or π0 / π0.5 with `model=pi0_tiny` and
+`model.pi0.tokenizer=<SentencePiece model>`), trained on the LeRobot dataset `sft.dataset` by
 `vla_scale.sft.trainer.SupervisedTrainer`. The run directory's latest checkpoint is a policy folder with the
 demonstrations' statistics: `model.checkpoint=<run_dir>` starts RL from it (launch/train.py) or evaluates it
 (launch/eval.py). The last line printed is `sft: steps=<n> loss=<x> checkpoint=<folder>`.

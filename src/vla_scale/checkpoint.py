@@ -30,7 +30,7 @@ from vla_scale.parallel.sync.weight_sync import gathered_buckets
 from vla_scale.run_setup import mean_over_ranks
 
 if TYPE_CHECKING:
-    from vla_scale.models import PretrainedVLA
+    from vla_scale.models.interface import PolicySource
     from vla_scale.parallel.actor import Actor
 
 
@@ -103,13 +103,20 @@ def latest_tag(run_dir: str) -> str | None:
         return f.read().strip()
 
 
-def save_policy_folder(module: torch.nn.Module, folder: str, tokenizer: Any, bucket_mb: float, write: bool) -> None:
-    """The policy as a checkpoint folder (`checkpoint_io.write_folder` and the tokenizer's files), its weights
-    gathered bucket by bucket as the engines get them (a LoRA policy's merged); only the writing rank keeps copies."""
+def gathered_weights(module: torch.nn.Module, bucket_mb: float, write: bool) -> dict[str, torch.Tensor]:
+    """The policy's weights gathered bucket by bucket as the engines get them (a LoRA policy's merged), copied on the
+    host by the writing rank only (the others take part in the gathers and keep nothing)."""
     tensors: dict[str, torch.Tensor] = {}
     for bucket in gathered_buckets(module, bucket_mb):
         if write:
             tensors.update((name, t.detach().cpu().clone()) for name, t in bucket)
+    return tensors
+
+
+def save_policy_folder(module: torch.nn.Module, folder: str, tokenizer: Any, bucket_mb: float, write: bool) -> None:
+    """An OFT policy as a checkpoint folder (`checkpoint_io.write_folder` and the tokenizer's files), its weights
+    gathered (`gathered_weights`)."""
+    tensors = gathered_weights(module, bucket_mb, write)
     if write:
         preprocessor = module.preprocessor or module.image_transform().preprocessor_config()
         write_folder(tensors, module.spec, preprocessor, folder)
@@ -166,7 +173,7 @@ def publish(run_dir: str, partial: str, tag: str) -> None:
     mark_latest(run_dir, tag)
 
 
-def write_checkpoint(run_dir: str, step: int, actor: Actor, vla: PretrainedVLA, state: dict[str, Any],
+def write_checkpoint(run_dir: str, step: int, actor: Actor, vla: PolicySource, state: dict[str, Any],
                      groups: dict[str, Any], bucket_mb: float, lora: Any,
                      on_device: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
     """Step `step`'s checkpoint, the same for the RL and the supervised run: DeepSpeed's files, this rank's `state`,
@@ -192,7 +199,9 @@ def write_checkpoint(run_dir: str, step: int, actor: Actor, vla: PretrainedVLA, 
         write_trainer_state(folder, rank, state)
         if rank == 0:
             write_run_config(folder, groups, world)
-        save_policy_folder(actor.policy, folder, vla.tokenizer, bucket_mb, rank == 0)
+        tensors = gathered_weights(actor.policy, bucket_mb, rank == 0)
+        if rank == 0:  # the policy's family writes its own layout (`models/interface.PolicySource`)
+            vla.write_folder(actor.policy, tensors, folder)
         if actor.adapted:  # the adapters alone too, in PEFT's layout
             save_adapters(actor.policy, folder, lora, bucket_mb, rank == 0, vla.source)
         if actor.value_head is not None:  # the critic beside the policy (`models/critic.py`)

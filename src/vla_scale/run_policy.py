@@ -11,17 +11,24 @@ This module is the one translation between the two descriptions, above both:
   contradicts.
 - `resolved_model_config`: the `ModelConfig` describing the policy a run actually holds (a checkpoint's values over
   the command line's), what `run_setup.resolved_config` logs.
+
+Both dispatch on `model.family` through `FAMILIES` (OpenVLA-OFT: `PretrainedVLA`; π0 / π0.5: `Pi0Source`), the one
+place a family is chosen; what they return is a `models/interface.PolicySource`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from dataclasses import replace
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from vla_scale.config import ConfigError, EnvConfig, ModelConfig
 from vla_scale.envs.registry import simulator
 from vla_scale.models.checkpoint_io import step_folder
+from vla_scale.models.pi0.source import Pi0Source
+from vla_scale.models.pi0.spec import PRESETS as PI0_PRESETS
+from vla_scale.models.pi0.spec import Pi0Spec
+from vla_scale.models.pi0.spec import check_spec as check_pi0_spec
 from vla_scale.models.pretrained import CheckpointError, PretrainedVLA
 from vla_scale.models.spec import LLAMA_DEFAULTS, VISION_BACKBONES, OFTSpec, check_spec, llm_kwargs, timm_ids
 from vla_scale.models.tokenizer import TextTokenizer, WordTokenizer
@@ -136,10 +143,16 @@ def _checkpoint_vla(model: ModelConfig, env: EnvConfig, instructions: list[str])
         raise ConfigError(f"model.checkpoint={model.checkpoint!r}: {err}") from err
 
 
-def vla_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[str] = ()) -> PretrainedVLA:
-    """The policy of a run on `env`: `model.checkpoint`'s, else a fresh one; raises ConfigError naming every key
-    that does not fit, before any simulator starts. `explicit`: the keys the command line set (`model.*` ones a
-    checkpoint contradicts are refused rather than silently replaced by the checkpoint's values)."""
+def vla_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[str] = ()) -> Any:
+    """The policy of a run on `env` (a `models/interface.PolicySource` of `model.family`): `model.checkpoint`'s,
+    else a fresh one; raises ConfigError naming every key that does not fit, before any simulator starts.
+    `explicit`: the keys the command line set (`model.*` ones a checkpoint contradicts are refused rather than
+    silently replaced by the checkpoint's values)."""
+    return FAMILIES[model.family].source(model, env, explicit)
+
+
+def oft_vla_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[str] = ()) -> PretrainedVLA:
+    """OpenVLA-OFT's `vla_for_env`."""
     instructions = simulator(env.name).instructions(env.suite)
     if model.checkpoint:
         vla = _checkpoint_vla(model, env, instructions)
@@ -184,8 +197,13 @@ def model_config_from_spec(spec: OFTSpec, base: ModelConfig | None = None) -> Mo
     )
 
 
-def resolved_model_config(vla: PretrainedVLA, base: ModelConfig) -> ModelConfig:
+def resolved_model_config(vla: Any, base: ModelConfig) -> ModelConfig:
     """The ModelConfig describing `vla`'s policy (the checkpoint's values over `base`; the prompt budget)."""
+    return FAMILIES[base.family].resolved(vla, base)
+
+
+def oft_resolved_model_config(vla: PretrainedVLA, base: ModelConfig) -> ModelConfig:
+    """OpenVLA-OFT's `resolved_model_config`."""
     return replace(model_config_from_spec(vla.spec, base), max_text_len=vla.max_text_len,
                    use_proprio=vla.spec.use_proprio and vla.spec.proprio_dim > 0)
 
@@ -193,7 +211,7 @@ def resolved_model_config(vla: PretrainedVLA, base: ModelConfig) -> ModelConfig:
 def contradicted_keys(vla: PretrainedVLA, model: ModelConfig, explicit: Collection[str]) -> list[str]:
     """One line per `model.*` key set in `explicit` whose value `vla`'s checkpoint policy does not have (keys in
     `CHECKPOINT_OVERRIDES` are applied on top of a checkpoint, so they never contradict it)."""
-    resolved = resolved_model_config(vla, model)
+    resolved = oft_resolved_model_config(vla, model)
     problems = []
     for key in sorted(explicit):
         name = key.removeprefix("model.")
@@ -204,3 +222,59 @@ def contradicted_keys(vla: PretrainedVLA, model: ModelConfig, explicit: Collecti
                             f"{getattr(resolved, name)!r}: the checkpoint decides its architecture; drop "
                             f"model.{name} (or load another checkpoint)")
     return problems
+
+
+# ---- π0 / π0.5 ------------------------------------------------------------------------------------------------------
+def pi0_spec_from_model_config(model: ModelConfig) -> Pi0Spec:
+    """The preset `model.pi0.preset` names, its fields replaced by the `model.pi0.*` keys that are set."""
+    p = model.pi0
+    overrides = {k: v for k, v in (("action_horizon", p.action_horizon), ("action_dim", p.action_dim),
+                                   ("max_token_len", p.max_token_len), ("num_steps", p.num_steps),
+                                   ("normalization", p.normalization)) if v}
+    spec = replace(PI0_PRESETS[p.preset](), **overrides)
+    check_pi0_spec(spec)
+    return spec
+
+
+def pi0_source_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[str] = ()) -> Pi0Source:
+    """A fresh π0 / π0.5 policy on `env` (model.family=pi0), or ConfigError naming each key that does not fit."""
+    unsupported = [f"model.{key} is not supported for model.family=pi0 yet ({why})" for key, value, why in (
+        ("checkpoint", model.checkpoint, "a π0 folder cannot start a run yet"),
+        ("lora.rank", model.lora.rank, "LoRA targets of the Gemmas"), ("lora.path", model.lora.path, "ditto"))
+        if value]
+    if not model.pi0.tokenizer:
+        unsupported.append("model.pi0.tokenizer is not set: name the PaliGemma SentencePiece model file "
+                           "(paligemma_tokenizer.model; for the tiny shapes any SentencePiece model, e.g. "
+                           "tests/fixtures/openpi_reference/tokenizer.model)")
+    if unsupported:
+        raise ConfigError("cannot build the policy:\n  - " + "\n  - ".join(unsupported))
+    try:
+        spec = pi0_spec_from_model_config(model)
+        source = Pi0Source.fresh(spec, model.pi0.tokenizer, env.name, f"a fresh model={model.name}")
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"model.pi0.tokenizer={model.pi0.tokenizer!r} / model.pi0.*: {err}") from err
+    problems = source.check_env(env)
+    if problems:
+        raise ConfigError("the policy does not fit the env:\n  - " + "\n  - ".join(problems))
+    return source
+
+
+def pi0_resolved_model_config(source: Pi0Source, base: ModelConfig) -> ModelConfig:
+    """`base` with the π0 spec's resolved sizes and normalisation under model.pi0."""
+    spec = source.spec
+    return replace(base, pi0=replace(base.pi0, action_horizon=spec.action_horizon, action_dim=spec.action_dim,
+                                     max_token_len=spec.max_token_len, num_steps=spec.num_steps,
+                                     normalization=spec.resolved_normalization))
+
+
+@dataclass(frozen=True)
+class Family:
+    """How the run's `model.*` keys become a policy source of one family, and back."""
+
+    source: Callable[[ModelConfig, EnvConfig, Collection[str]], Any]
+    resolved: Callable[[Any, ModelConfig], ModelConfig]
+
+
+FAMILIES = {"oft": Family(oft_vla_for_env, oft_resolved_model_config),
+            "pi0": Family(pi0_source_for_env, pi0_resolved_model_config)}
+"""`model.family` -> its translation (`models/interface.POLICY_FAMILIES` names them)."""

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from vla_scale.config import Config, ConfigError
 from vla_scale.models import PretrainedVLA
 from vla_scale.models.critic import value_head_problems
+from vla_scale.models.interface import PolicySource
 from vla_scale.parallel.sim.cluster import ray_address_problem
 from vla_scale.run_policy import resolved_model_config, vla_for_env
 
@@ -28,6 +29,8 @@ def checked_policy(cfg: Config, explicit: Collection[str] = ()) -> PretrainedVLA
     if unreachable:
         raise ConfigError(unreachable)
     vla = vla_for_env(cfg.model, cfg.env, explicit)
+    if problems := vla.rollout_problems():
+        raise ConfigError("cannot roll the policy out:\n  - " + "\n  - ".join(problems))
     if cfg.algo.has_critic:  # a checkpoint's value head must fit the critic this run builds
         critic = cfg.algo.critic
         problems = value_head_problems(vla.weights, vla.spec.llm["hidden_size"], critic.width, critic.position)
@@ -99,7 +102,7 @@ def make_deterministic() -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def resolved_config(cfg: Config, vla: PretrainedVLA) -> Config:
+def resolved_config(cfg: Config, vla: PolicySource) -> Config:
     """`cfg` with what the policy decides filled in: a checkpoint's architecture, the prompt budget, the env's
     camera resolution (0: the policy pipeline's). The run logs and saves this one."""
     env = replace(cfg.env, camera_resolution=vla.camera_resolution(cfg.env))

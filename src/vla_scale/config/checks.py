@@ -30,6 +30,9 @@ def choices() -> dict[str, tuple[Any, ...]]:
     from vla_scale.datasets.lerobot_format import VERSIONS, VIDEO_CODECS
     from vla_scale.models.critic import CRITIC_POSITIONS
     from vla_scale.models.fp8 import PRECISIONS
+    from vla_scale.models.interface import POLICY_FAMILIES
+    from vla_scale.models.pi0.spec import NORMALIZATIONS as PI0_NORMALIZATIONS
+    from vla_scale.models.pi0.spec import PRESETS as PI0_PRESETS
     from vla_scale.models.spec import ACTION_HEADS, ATTENTION_MODES, IMAGE_RESIZES
 
     return {
@@ -39,6 +42,9 @@ def choices() -> dict[str, tuple[Any, ...]]:
         "model.action_head": ("auto", *ACTION_HEADS),
         "env.eval_protocol": ("held_out", "published"),
         "model.image_resize": IMAGE_RESIZES,
+        "model.family": POLICY_FAMILIES,
+        "model.pi0.preset": tuple(PI0_PRESETS),
+        "model.pi0.normalization": ("", *PI0_NORMALIZATIONS),
         "deepspeed.zero_stage": (0, 1, 2, 3),
         "rollout.precision": PRECISIONS,
         "record.episodes": ("all", "successes"),
@@ -58,6 +64,7 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     **{f"model.{k}": AT_LEAST_0 for k in ("ordinal_bin_init", "max_text_len", "vocab_size", "num_images",
                                          "lora.rank")},
     "model.lora.alpha": POSITIVE,
+    **{f"model.pi0.{k}": AT_LEAST_0 for k in ("action_horizon", "action_dim", "max_token_len", "num_steps")},
     "model.action_log_std_init": (">= -10", -10, True),
     "rollout.pipeline_stage_num": AT_LEAST_1,
     "sync.bucket_mb": AT_LEAST_1,

@@ -31,7 +31,8 @@ def field_docs(module: ModuleType = schema, names: tuple[str, ...] = ()) -> dict
 def config_markdown() -> str:
     """docs/CONFIG.md: every field with its type, default and meaning."""
     simulators = {sim.settings.__name__: f"env.{name}" for name, sim in SIMULATORS.items()}
-    sections = {"Config": "top level", "ModelConfig": "model", "LoraConfig": "model.lora", "EnvConfig": "env",
+    sections = {"Config": "top level", "ModelConfig": "model", "LoraConfig": "model.lora",
+                "Pi0ModelConfig": "model.pi0", "EnvConfig": "env",
                 "DisaggSimConfig": "parallel.disagg_sim", **simulators,
                 "AlgoConfig": "algo", "ParallelConfig": "parallel", "DeepSpeedConfig": "deepspeed",
                 "RolloutConfig": "rollout", "SyncConfig": "sync", "SftConfig": "sft",

@@ -38,6 +38,27 @@ class LoraConfig:
 
 
 @dataclass
+class Pi0ModelConfig:
+    preset: str = "pi0_tiny"
+    """The π0 / π0.5 shape (models/pi0/spec.PRESETS): pi0, pi05 (openpi's 3.3B shapes) or pi0_tiny, pi05_tiny (CPU
+    tests); the keys below replace its fields where set."""
+    tokenizer: str = ""
+    """The PaliGemma SentencePiece model file (`paligemma_tokenizer.model`, what openpi downloads; any SentencePiece
+    model for tiny shapes, e.g. tests/fixtures/openpi_reference/tokenizer.model); required for model.family=pi0."""
+    action_horizon: int = 0
+    """Actions per chunk (0: the preset's; openpi: 50, LIBERO fine-tunes 10)."""
+    action_dim: int = 0
+    """The model's action and state size, a robot's zero-padded to it (0: the preset's; openpi: 32)."""
+    max_token_len: int = 0
+    """Prompt budget in tokens (0: the preset's; openpi: 48 for π0, 200 for π0.5)."""
+    num_steps: int = 0
+    """Euler steps of the denoising chain when sampling (0: the preset's, 10)."""
+    normalization: str = ""
+    """How states and actions are normalised: zscore, quantile or '' (the family's: z-score for π0, quantiles for
+    π0.5)."""
+
+
+@dataclass
 class ModelConfig:
     name: str = "tiny"
     """Name of the model preset (for run names and logs)."""
@@ -113,6 +134,10 @@ class ModelConfig:
     during RL; a checkpoint that saved its log-std keeps its own)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA: the adapters the actor trains (rank 0: none) and adapters to merge on load."""
+    family: str = "oft"
+    """The policy family: oft (OpenVLA-OFT; the keys above) or pi0 (π0 and π0.5, flow matching; model.pi0.*)."""
+    pi0: Pi0ModelConfig = field(default_factory=Pi0ModelConfig)
+    """The π0 / π0.5 policy (model.family=pi0)."""
 
 
 @dataclass

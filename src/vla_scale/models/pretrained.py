@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from vla_scale.datasets.episodes import Episode
 from vla_scale.envs.registry import simulator
 from vla_scale.envs.types import Observation
 from vla_scale.models.action_heads import l1_head_shapes
@@ -46,22 +48,17 @@ from vla_scale.models.checkpoint_io import (
     read_proprio_dim,
     read_spec,
     weight_files,
+    write_folder,
 )
+from vla_scale.models.demonstrations import OFTDemonstrations, SupervisedExamples
+from vla_scale.models.interface import EnvKeys
 from vla_scale.models.processor import PolicyInputs, Processor
 from vla_scale.models.spec import OFFICIAL_EVALUATION, OFTSpec
+from vla_scale.models.statistics import dataset_statistics
 from vla_scale.models.tokenizer import HFTokenizer, TextTokenizer, prompt_text
 
 if TYPE_CHECKING:  # the policy module imports transformers' Llama: checking a policy against an env needs none
     from vla_scale.models.policy import OFTPolicy
-
-
-class EnvKeys(Protocol):
-    """The env keys a policy is fitted to (the run's `env.*` group)."""
-
-    name: str
-    camera_resolution: int
-
-    def simulator_kwargs(self) -> dict[str, Any]: ...
 
 
 class CheckpointError(ValueError):
@@ -179,6 +176,48 @@ class PretrainedVLA:
                               DatasetStats.from_json(stats, spec.normalization), self.max_text_len)
         return PretrainedVLA(spec, self.tokenizer, processor, self.env, f"{self.source} + statistics {key!r}",
                              self.weights, self.adapters)
+
+    # ---- supervised fine-tuning (models/interface.PolicySource) -----------------------------------------------------
+    @property
+    def reads_state(self) -> bool:
+        return bool(self.spec.use_proprio)
+
+    def rollout_problems(self) -> list[str]:
+        return []
+
+    def demonstration_problems(self, episodes: Sequence[Episode]) -> list[str]:
+        """Demonstration instructions the policy cannot read as given: words its tokenizer does not know (a fresh
+        policy's word-level vocabulary is the env suite's instructions) or prompts longer than its text budget."""
+        problems = []
+        unknown = getattr(self.tokenizer, "unk_id", None)
+        for text in sorted({e.instruction for e in episodes}):
+            ids = self.processor.prompt_ids(text)
+            if unknown is not None and unknown in ids:
+                problems.append(f"the instruction {text!r} has words the policy's tokenizer does not know: record "
+                                "demonstrations of the env's own tasks, or fine-tune a checkpoint whose tokenizer "
+                                "reads them")
+            elif self.max_text_len and len(ids) > self.max_text_len:
+                problems.append(f"the instruction {text!r} is {len(ids)} tokens > the policy's prompt budget "
+                                f"{self.max_text_len}: set model.max_text_len={len(ids)} (or 0: sized to the suite)")
+        return problems
+
+    def with_demonstrations(self, key: str, episodes: Sequence[Episode]) -> PretrainedVLA:
+        """`with_statistics` of the demonstrations' actions and proprio (`dataset_statistics.json`'s layout)."""
+        return self.with_statistics(key, dataset_statistics([e.actions for e in episodes],
+                                                            [e.state for e in episodes]))
+
+    def demonstrations(self, episodes: Sequence[Episode]) -> OFTDemonstrations:
+        """The examples of `episodes` (`models/demonstrations.py`), images prepared once."""
+        spec = self.spec
+        examples = SupervisedExamples.build(episodes, self.processor, self.processor.stats, spec.chunk_len,
+                                            spec.action_head, spec.n_bins)
+        return OFTDemonstrations(examples, self.processor)
+
+    def write_folder(self, module: torch.nn.Module, tensors: dict[str, torch.Tensor], folder: str) -> None:
+        """The trained `module`'s gathered `tensors` as an official-layout folder with the tokenizer's files."""
+        preprocessor = module.preprocessor or module.image_transform().preprocessor_config()
+        write_folder(tensors, module.spec, preprocessor, folder)
+        self.tokenizer.save(folder)
 
     # ---- the stable surface -----------------------------------------------------------------------------------------
     @property

@@ -24,7 +24,7 @@ from vla_scale.config import Config, ConfigError, SftConfig, as_yaml, sft_proble
 from vla_scale.datasets.episodes import Episode
 from vla_scale.datasets.lerobot import DatasetError, LeRobotKeys, read_dataset
 from vla_scale.envs.registry import simulator
-from vla_scale.models import PretrainedVLA
+from vla_scale.models.interface import PolicySource, SupervisedBatch
 from vla_scale.run_log import RunLogger, progress
 from vla_scale.run_policy import vla_for_env
 from vla_scale.run_setup import (
@@ -34,8 +34,6 @@ from vla_scale.run_setup import (
     mean_over_ranks,
     resolved_config,
 )
-from vla_scale.sft.examples import SupervisedExamples, draw_batches
-from vla_scale.sft.statistics import dataset_statistics
 from vla_scale.stop_signals import Preempted, StopSignals
 
 RESUME_MAY_DIFFER = ("checkpoint", "steps", "save_every", "log_every")
@@ -53,30 +51,14 @@ def dataset_keys(sft: SftConfig, cameras: tuple[str, ...]) -> LeRobotKeys:
     return LeRobotKeys(mapped, sft.state_key, sft.action_key, setting="sft")
 
 
-def instruction_problems(vla: PretrainedVLA, instructions: Collection[str]) -> list[str]:
-    """Demonstration instructions the policy cannot read as given: words its tokenizer does not know (a fresh
-    policy's word-level vocabulary is the env suite's instructions) or prompts longer than its text budget."""
-    problems = []
-    unknown = getattr(vla.tokenizer, "unk_id", None)
-    for text in sorted(set(instructions)):
-        ids = vla.processor.prompt_ids(text)
-        if unknown is not None and unknown in ids:
-            problems.append(f"the instruction {text!r} has words the policy's tokenizer does not know: record "
-                            "demonstrations of the env's own tasks, or fine-tune a checkpoint whose tokenizer reads "
-                            "them")
-        elif vla.max_text_len and len(ids) > vla.max_text_len:
-            problems.append(f"the instruction {text!r} is {len(ids)} tokens > the policy's prompt budget "
-                            f"{vla.max_text_len}: set model.max_text_len={len(ids)} (or 0: sized to the suite)")
-    return problems
-
-
-def load_demonstrations(cfg: Config, vla: PretrainedVLA) -> list[Episode]:
-    """`sft.dataset`'s episodes at the env's camera resolution, or a ConfigError saying what to change."""
+def load_demonstrations(cfg: Config, vla: PolicySource) -> list[Episode]:
+    """`sft.dataset`'s episodes at the env's camera resolution, or a ConfigError saying what to change (the
+    dataset's own problems, then what the policy's family finds in them: `demonstration_problems`)."""
     sim = simulator(cfg.env.name)
     keys = dataset_keys(cfg.sft, vla.cameras)
     try:
         episodes = read_dataset(cfg.sft.dataset, keys, action_dim=sim.action_dim,
-                                state_dim=sim.proprio_dim if vla.spec.use_proprio else None,
+                                state_dim=sim.proprio_dim if vla.reads_state else None,
                                 image_size=vla.camera_resolution(cfg.env), env_name=cfg.env.name)
     except DatasetError as err:
         raise ConfigError(f"sft.dataset={cfg.sft.dataset}: {err}") from err
@@ -84,14 +66,14 @@ def load_demonstrations(cfg: Config, vla: PretrainedVLA) -> list[Episode]:
         raise ConfigError(f"sft.dataset={cfg.sft.dataset} has no episodes: record some first")
     if cfg.sft.first_steps:
         episodes = [e.first(cfg.sft.first_steps) for e in episodes]
-    problems = instruction_problems(vla, [e.instruction for e in episodes])
+    problems = vla.demonstration_problems(episodes)
     if problems:
         raise ConfigError(f"sft.dataset={cfg.sft.dataset}:\n  - " + "\n  - ".join(problems))
     return episodes
 
 
 class SupervisedTrainer:
-    def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = (), vla: PretrainedVLA | None = None):
+    def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = (), vla: PolicySource | None = None):
         """Checks everything before any weight is built, then joins the process group: the configuration, the policy
         against the env (`vla`: when the caller checked it already with `run_policy.vla_for_env`), the dataset
         (`load_demonstrations`), a resumed run against its checkpoint."""
@@ -104,8 +86,7 @@ class SupervisedTrainer:
             raise ConfigError("cannot fine-tune:\n  - " + "\n  - ".join(problems))
         vla = vla if vla is not None else vla_for_env(cfg.model, cfg.env, explicit)
         self.episodes = load_demonstrations(cfg, vla)
-        stats = dataset_statistics([e.actions for e in self.episodes], [e.state for e in self.episodes])
-        self.vla = vla.with_statistics(cfg.env.suite, stats)
+        self.vla = vla.with_demonstrations(cfg.env.suite, self.episodes)
         self.cfg = cfg = resolved_config(cfg, self.vla)
         self.run_dir = run_dir
         if cfg.resume:
@@ -136,9 +117,7 @@ class SupervisedTrainer:
         self.log = RunLogger(self.run_dir, self.rank)
         torch.manual_seed(cfg.seed)
         self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.sft, cfg.model.lora)
-        spec = self.vla.spec
-        self.examples = SupervisedExamples.build(self.episodes, self.vla.processor, self.vla.processor.stats,
-                                                 spec.chunk_len, spec.action_head, spec.n_bins)
+        self.examples = self.vla.demonstrations(self.episodes)
         if cfg.resume:
             self.load_latest()
         self.stop.install()
@@ -182,13 +161,13 @@ class SupervisedTrainer:
         self.log.close()
         return last
 
-    def micro_batches(self) -> list[tuple[Any, Any]]:
-        """This rank's share of the step's examples, split into `sft.micro_batches` (inputs, targets) pairs."""
+    def micro_batches(self) -> list[SupervisedBatch]:
+        """This rank's share of the step's examples, split into `sft.micro_batches` micro-batches of the policy's
+        family; the step's draw (examples, the family's noise) is the same on every rank."""
         s = self.cfg.sft
-        index = draw_batches(self.generator, len(self.examples), s.batch_size)  # the same on every rank
-        share = np.split(index, self.world)[self.rank]
-        return [self.examples.batch(part, self.vla.processor, self.actor.device)
-                for part in np.split(share, s.micro_batches)]
+        draw = self.examples.draw(self.generator, s.batch_size)
+        share = np.split(np.arange(s.batch_size), self.world)[self.rank]
+        return [self.examples.batch(draw, part, self.actor.device) for part in np.split(share, s.micro_batches)]
 
     def step_folder(self) -> str:
         return os.path.join(checkpoint.checkpoint_root(self.run_dir), f"step_{self.step}")

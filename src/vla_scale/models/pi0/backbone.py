@@ -33,7 +33,9 @@ class SiglipTower(nn.Module):
     """transformers' SigLIP vision model (no pooling head, eager attention) under `vision_model`, where openpi's
     transformers version keeps it; last hidden states after the post-layernorm."""
 
-    def __init__(self, spec: SiglipSpec):
+    def __init__(self, spec: SiglipSpec, zero3_init: bool = False):
+        """`zero3_init`: built inside `deepspeed.zero.Init`, where each layer is an empty shard once built, so
+        transformers' init is deferred and run by its ZeRO-3 variant, which gathers each module first."""
         super().__init__()
         config = SiglipVisionConfig(
             hidden_size=spec.width, intermediate_size=spec.mlp_dim, num_hidden_layers=spec.depth,
@@ -41,7 +43,15 @@ class SiglipTower(nn.Module):
             layer_norm_eps=spec.layer_norm_eps, hidden_act="gelu_pytorch_tanh", vision_use_head=False,
             attn_implementation="eager",
         )
-        self.vision_model = SiglipVisionModel(config)
+        if not zero3_init:
+            self.vision_model = SiglipVisionModel(config)
+            return
+        from transformers import initialization
+        from transformers.integrations.deepspeed import initialize_weights_zero3
+
+        with initialization.no_init_weights():
+            self.vision_model = SiglipVisionModel(config)
+        initialize_weights_zero3(self.vision_model)
 
     def forward(self, pixels: Tensor) -> Tensor:
         return self.vision_model(pixels).last_hidden_state
@@ -60,9 +70,9 @@ class Projector(nn.Module):
 
 
 class PaliGemmaModel(nn.Module):
-    def __init__(self, spec: Pi0Spec):
+    def __init__(self, spec: Pi0Spec, zero3_init: bool = False):
         super().__init__()
-        self.vision_tower = SiglipTower(spec.vision)
+        self.vision_tower = SiglipTower(spec.vision, zero3_init)
         self.multi_modal_projector = Projector(spec.vision.width, spec.paligemma.width)
         lm = GemmaForCausalLM(spec.paligemma, spec.vocab_size)
         self.language_model = lm.model
@@ -71,9 +81,9 @@ class PaliGemmaModel(nn.Module):
 class PaliGemma(nn.Module):
     """`model` (tower, projector, Gemma) and the LM head, tied to the token embedding as in PaliGemma."""
 
-    def __init__(self, spec: Pi0Spec):
+    def __init__(self, spec: Pi0Spec, zero3_init: bool = False):
         super().__init__()
-        self.model = PaliGemmaModel(spec)
+        self.model = PaliGemmaModel(spec, zero3_init)
         self.lm_head = nn.Linear(spec.paligemma.width, spec.vocab_size, bias=False)
         self.lm_head.weight = self.model.language_model.embed_tokens.weight
 
@@ -93,10 +103,10 @@ class Streams:
 class PaliGemmaWithExpert(nn.Module):
     """The two Gemmas, the SigLIP tower and the projector, run jointly (module docstring)."""
 
-    def __init__(self, spec: Pi0Spec):
+    def __init__(self, spec: Pi0Spec, zero3_init: bool = False):
         super().__init__()
         self.spec = spec
-        self.paligemma = PaliGemma(spec)
+        self.paligemma = PaliGemma(spec, zero3_init)
         cond = spec.expert.width if spec.pi05 else 0
         self.gemma_expert = GemmaForCausalLM(spec.expert, spec.vocab_size, cond_dim=cond, embeds_tokens=False)
         self.scaling = spec.paligemma.head_dim ** -0.5

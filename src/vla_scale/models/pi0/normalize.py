@@ -108,3 +108,13 @@ def _pad(values: np.ndarray, dim: int, fill: float) -> np.ndarray:
     if values.shape[-1] >= dim:
         return values
     return np.pad(values, [(0, 0)] * (values.ndim - 1) + [(0, dim - values.shape[-1])], constant_values=fill)
+
+
+def norm_stats_of(values: np.ndarray) -> NormStats:
+    """A key's statistics from every step of a dataset, float [N, D]: mean, standard deviation, and the 1st / 99th
+    percentiles (numpy's linear interpolation; openpi's `RunningStats` approximates them with histograms)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 2 or not len(v):
+        raise ValueError(f"norm stats need values [N, D] with N >= 1, got shape {v.shape}")
+    return NormStats(mean=v.mean(0), std=v.std(0), q01=np.quantile(v, 0.01, axis=0),
+                     q99=np.quantile(v, 0.99, axis=0))

@@ -79,12 +79,12 @@ def time_embedding(time: Tensor, width: int) -> Tensor:
 class Pi0Policy(nn.Module):
     """PaliGemma + the action expert + the action/state/time projections of π0 (or π0.5 with `spec.pi05`)."""
 
-    def __init__(self, spec: Pi0Spec):
+    def __init__(self, spec: Pi0Spec, zero3_init: bool = False):
         super().__init__()
         check_spec(spec)
         self.spec = spec
         width = spec.expert.width
-        self.paligemma_with_expert = PaliGemmaWithExpert(spec)
+        self.paligemma_with_expert = PaliGemmaWithExpert(spec, zero3_init)
         self.action_in_proj = nn.Linear(spec.action_dim, width)
         self.action_out_proj = nn.Linear(width, spec.action_dim)
         if spec.pi05:
@@ -102,12 +102,15 @@ class Pi0Policy(nn.Module):
         return cls(spec_from_openpi(config, pi05))
 
     @classmethod
-    def from_spec(cls, spec: Pi0Spec, dtype: torch.dtype | None = None, device: str | None = None) -> Pi0Policy:
+    def from_spec(cls, spec: Pi0Spec, dtype: torch.dtype | None = None, device: str | None = None,
+                  zero3_init: bool = False) -> Pi0Policy:
         """A freshly initialised policy (seed torch first for a reproducible one): linear and embedding weights
-        normal(0, 0.02), biases 0, RMS norms the identity, adaRMS maps 0 (so the expert starts unconditioned)."""
-        policy = cls(spec)
-        policy.apply(_init_weights)
-        return policy.to(dtype=dtype, device=device)
+        normal(0, 0.02), biases 0, RMS norms the identity, adaRMS maps 0 (so the expert starts unconditioned).
+        `zero3_init`: the caller builds it inside `deepspeed.zero.Init`, where every parameter is an empty shard once
+        built; each initialised module is then gathered while its init runs (the same draws, in the same order)."""
+        policy = cls(spec, zero3_init)
+        policy.apply(_init_gathered if zero3_init else _init_weights)
+        return policy if zero3_init else policy.to(dtype=dtype, device=device)
 
     def load_openpi_state_dict(self, tensors: dict[str, Tensor], prefix: str = "") -> None:
         """Copy an openpi `PI0Pytorch` state_dict in (LeRobot's folders: `prefix="model."`). Exactly our keys are
@@ -252,3 +255,12 @@ def _init_weights(module: nn.Module) -> None:
             nn.init.zeros_(module.weight[module.padding_idx])
     elif isinstance(module, AdaRMSNorm):
         nn.init.zeros_(module.dense.weight), nn.init.zeros_(module.dense.bias)
+
+
+def _init_gathered(module: nn.Module) -> None:
+    """`_init_weights` of one module whose parameters are ZeRO-3 shards: gathered, set on rank 0, scattered back."""
+    if isinstance(module, nn.Linear | nn.Embedding | AdaRMSNorm):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=0):
+            _init_weights(module)

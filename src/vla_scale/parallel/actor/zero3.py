@@ -22,13 +22,13 @@ from vla_scale.algo import (
     clipped_policy_loss,
     clipped_value_loss,
     logprob_mismatch,
-    supervised_loss,
     truncated_is_weights,
 )
 from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan, with_critic_targets, without_final_rows
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig, SftConfig
 from vla_scale.models.checkpoint_io import copy_tensors
 from vla_scale.models.critic import PolicyWithValue, ValueHead, read_value_head, value_head_file
+from vla_scale.models.interface import SupervisedBatch
 from vla_scale.models.lora import add_adapters
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.models.processor import PreparedInputs
@@ -400,19 +400,18 @@ class Actor:
         stats.value_clip_frac += info["value_clip_frac"] * float(micro.rows.value_weights.sum())
         return loss
 
-    def supervised_update(self, micro_batches: list[tuple[PolicyInputs, torch.Tensor]]) -> dict[str, float]:
-        """One optimizer step of supervised fine-tuning over `micro_batches` of (inputs, targets), accumulated: each
-        micro-batch's loss (`algo.supervised_loss` of the policy's head) weighs by its share of the examples, so the
-        split never changes the step. Returns the loss and the head's own measure, example-weighted, and the
-        gradient norm."""
+    def supervised_update(self, micro_batches: Sequence[SupervisedBatch]) -> dict[str, float]:
+        """One optimizer step of supervised fine-tuning over `micro_batches`, accumulated: each micro-batch's loss (its
+        family's: `models/interface.SupervisedBatch.loss`, run through the engine) weighs by its share of the
+        examples, so the split never changes the step. Returns the loss and the family's measures,
+        example-weighted, and the gradient norm."""
         self.engine.train()
-        total = sum(len(targets) for _, targets in micro_batches)
+        total = sum(batch.examples for batch in micro_batches)
         stats: dict[str, float] = {}
-        for index, (inputs, targets) in enumerate(micro_batches):
-            share = len(targets) / total
+        for index, batch in enumerate(micro_batches):
+            share = batch.examples / total
             self.engine.set_gradient_accumulation_boundary(index == len(micro_batches) - 1)
-            logits = self.engine(inputs, device=self.device, trim=self.trim)
-            loss, info = supervised_loss(logits, targets.to(self.device), self.policy.spec.action_head)
+            loss, info = batch.loss(self.engine, self.policy, self.device, self.trim)
             self.engine.backward(loss * share, scale_wrt_gas=False)
             self.engine.step()
             for key, value in {"loss": loss.item(), **info}.items():

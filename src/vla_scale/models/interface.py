@@ -1,0 +1,124 @@
+"""One policy interface, two families: what the supervised trainer and the actor ask of a policy.
+
+A family (OpenVLA-OFT: `models/pretrained.PretrainedVLA`; π0 / π0.5: `models/pi0/source.Pi0Source`) hands out a
+`PolicySource`: the policy together with everything that must agree with it (tokenizer, image pipeline,
+statistics). The run's code above the model layer talks to it only through the members below, so it never asks
+which family it holds:
+
+    SupervisedTrainer                                PolicySource
+      demonstration_problems(episodes)  ---------->  what the demonstrations lack for this policy (before compute)
+      with_demonstrations(key, episodes) --------->  the source with the demonstrations' statistics made its own
+      demonstrations(episodes)  ------------------>  Demonstrations: examples prepared once
+        .draw(generator, batch_size)                 one step's randomness, the same on every rank
+        .batch(draw, positions, device)  --------->  SupervisedBatch: a micro-batch
+    Actor.supervised_update
+      batch.loss(forward, policy, device, trim) -->  the supervised loss and its measures, through DeepSpeed's forward
+      new_policy(zero3_init)  -------------------->  the module; its parameters with requires_grad are what trains
+    checkpoint.write_checkpoint
+      write_folder(module, tensors, folder)  ----->  the policy as a checkpoint folder of the family's layout
+
+OFT's loss is the cross-entropy over bins or the L1 regression of its head; π0's is the flow-matching loss masked over
+padded chunk steps and action dimensions (`models/pi0/demonstrations.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+POLICY_FAMILIES = ("oft", "pi0")
+"""`model.family`: OpenVLA-OFT (`models/pretrained.py`), π0 and π0.5 (`models/pi0/source.py`)."""
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+    from vla_scale.datasets.episodes import Episode
+
+
+class EnvKeys(Protocol):
+    """The env keys a policy is fitted to (the run's `env.*` group)."""
+
+    name: str
+    camera_resolution: int
+
+    def simulator_kwargs(self) -> dict[str, Any]: ...
+
+
+class SupervisedBatch(Protocol):
+    """One micro-batch of demonstrations as the family's policy trains on it."""
+
+    @property
+    def examples(self) -> int:
+        """How many examples it holds (micro-batches weigh by it)."""
+        ...
+
+    def loss(self, forward: Callable[..., Any], policy: nn.Module, device: torch.device | str, trim: bool
+             ) -> tuple[Tensor, dict[str, float]]:
+        """The mean supervised loss over its examples and the family's measures, the policy run through `forward`
+        (the DeepSpeed engine, which gathers ZeRO-3 shards); `trim`: drop prompt padding where the family can."""
+        ...
+
+
+class Demonstrations(Protocol):
+    """Every example of a dataset, prepared once."""
+
+    def __len__(self) -> int: ...
+
+    def draw(self, generator: np.random.Generator, batch_size: int) -> Any:
+        """One optimizer step's randomness (which examples; the family's own noise), drawn alike on every rank."""
+        ...
+
+    def batch(self, draw: Any, positions: np.ndarray, device: torch.device | str = "cpu") -> SupervisedBatch:
+        """The micro-batch of the `positions` of a step's `draw` (this rank's share, split)."""
+        ...
+
+
+class PolicySource(Protocol):
+    """A policy and what must agree with it, as the trainers and the entry scripts use it."""
+
+    source: str
+    weights: str
+
+    @property
+    def cameras(self) -> tuple[str, ...]: ...
+
+    @property
+    def reads_state(self) -> bool:
+        """Whether the policy reads the proprio state (the dataset must hold one)."""
+        ...
+
+    def camera_resolution(self, env: EnvKeys) -> int: ...
+
+    def check_env(self, env: EnvKeys) -> list[str]: ...
+
+    def describe(self, env: EnvKeys | None = None) -> str: ...
+
+    def rollout_problems(self) -> list[str]:
+        """Why this policy cannot be rolled out by the engine yet (RL, evaluation); empty when it can."""
+        ...
+
+    def demonstration_problems(self, episodes: Sequence[Episode]) -> list[str]: ...
+
+    def with_demonstrations(self, key: str, episodes: Sequence[Episode]) -> PolicySource: ...
+
+    def demonstrations(self, episodes: Sequence[Episode]) -> Demonstrations: ...
+
+    def new_policy(self, zero3_init: bool = False) -> nn.Module: ...
+
+    def write_folder(self, module: nn.Module, tensors: dict[str, Tensor], folder: str) -> None: ...
+
+
+def draw_batches(generator: np.random.Generator, size: int, batch_size: int) -> np.ndarray:
+    """One step's example indices [batch_size]: a uniform draw without replacement (with it when the dataset has
+    fewer examples than a batch)."""
+    return generator.choice(size, batch_size, replace=size < batch_size)
+
+
+def chunk_index(steps: int, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    """(index int[steps, horizon], pad bool[steps, horizon]): at each step t the steps t .. t+horizon-1, the last
+    one repeated past the episode's end, and where it was (LeRobot's `action_is_pad`)."""
+    wanted = np.arange(steps)[:, None] + np.arange(horizon)[None, :]
+    return np.minimum(wanted, steps - 1), wanted >= steps

@@ -1,0 +1,142 @@
+"""Pi0Source: a π0 / π0.5 policy with everything that must agree with it, the family's `PolicySource`
+(`models/interface.py`): its spec, the PaliGemma SentencePiece tokenizer, the env's cameras in the model's camera
+slots, and the norm stats its states and actions are normalised with (made from the demonstrations by
+`with_demonstrations`, saved with the policy in openpi's `assets/<asset_id>/norm_stats.json`).
+
+What fits an env: the env's action and proprio sizes at most the model's action size (a robot's vectors are
+zero-padded to it), at most `num_images` cameras (the first ones, primary first; slots left over are masked). What
+fits demonstrations: a horizon no longer than the shortest episode (its chunks would be mostly padding), prompts
+within the budget. The rollout engine, RL and evaluation do not run this family yet (`rollout_problems`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from vla_scale.datasets.episodes import Episode
+from vla_scale.envs.registry import simulator
+from vla_scale.models.interface import EnvKeys
+from vla_scale.models.pi0.normalize import NormStats, Pi0Normalizer, norm_stats_of
+from vla_scale.models.pi0.spec import Pi0Spec
+from vla_scale.models.pi0.tokenizer import PaliGemmaTokenizer
+
+if TYPE_CHECKING:  # the model imports transformers' SigLIP: checking a policy against an env and data needs none
+    from torch import Tensor, nn
+
+    from vla_scale.models.pi0.demonstrations import Pi0Demonstrations
+    from vla_scale.models.pi0.policy import Pi0Policy
+
+
+class Pi0Source:
+    """A π0 / π0.5 policy's spec, tokenizer, cameras and norm stats (module docstring)."""
+
+    def __init__(self, spec: Pi0Spec, tokenizer: PaliGemmaTokenizer, env: str, source: str,
+                 norm_stats: dict[str, NormStats] | None = None, asset_id: str = "", weights: str = ""):
+        self.spec, self.tokenizer, self.env, self.source = spec, tokenizer, env, source
+        self.norm_stats, self.asset_id, self.weights = norm_stats, asset_id, weights
+
+    @classmethod
+    def fresh(cls, spec: Pi0Spec, tokenizer_file: str, env: str, source: str) -> Pi0Source:
+        """A freshly initialised policy of `spec` (weights drawn by `new_policy`: seed torch first); ValueError when
+        the tokenizer file is not a SentencePiece model or has more ids than the model embeds."""
+        tokenizer = PaliGemmaTokenizer(tokenizer_file, spec.max_token_len)
+        if tokenizer.vocab_size > spec.vocab_size:
+            raise ValueError(f"the tokenizer {tokenizer_file} has {tokenizer.vocab_size} ids but the model embeds "
+                             f"only {spec.vocab_size}: use the tokenizer the model was made for")
+        return cls(spec, tokenizer, env, source)
+
+    # ---- fitting the env -------------------------------------------------------------------------------------------
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        return simulator(self.env).cameras[: self.spec.num_images]
+
+    @property
+    def reads_state(self) -> bool:
+        return not self.spec.pi05 or self.spec.state_in_prompt
+
+    def camera_resolution(self, env: EnvKeys) -> int:
+        return env.camera_resolution or self.spec.vision.image_size
+
+    def check_env(self, env: EnvKeys) -> list[str]:
+        face, width = simulator(env.name), self.spec.action_dim
+        sizes = {"actions": face.action_dim, "proprio states": face.proprio_dim}
+        return [f"env {env.name!r} has {n}-d {what} but the policy's action size is {width}: set "
+                f"model.pi0.action_dim >= {n}" for what, n in sizes.items() if n > width]
+
+    def rollout_problems(self) -> list[str]:
+        return [f"{self.source} is a {'π0.5' if self.spec.pi05 else 'π0'} policy: it trains by supervised "
+                "fine-tuning (launch/sft.py) so far; the rollout engine, RL and evaluation of flow-matching policies "
+                "are not written yet"]
+
+    def describe(self, env: EnvKeys | None = None) -> str:
+        spec = self.spec
+        rendered = f"rendered at {self.camera_resolution(env)} px, " if env is not None else ""
+        stats = f"norm stats {self.asset_id!r} ({spec.resolved_normalization})" if self.norm_stats else \
+            "no norm stats"
+        return (f"{self.source}: {'π0.5' if spec.pi05 else 'π0'}, images {'+'.join(self.cameras)} {rendered}"
+                f"resized with padding to {spec.vision.image_size} in {spec.num_images} slots; chunks of "
+                f"{spec.action_horizon} x {spec.action_dim}, {spec.num_steps} Euler steps; prompts of up to "
+                f"{spec.max_token_len} tokens ({self.tokenizer.path.name}); {stats}")
+
+    # ---- supervised fine-tuning ------------------------------------------------------------------------------------
+    def demonstration_problems(self, episodes: Sequence[Episode]) -> list[str]:
+        """A horizon longer than the shortest demonstration, robot vectors wider than the model's, prompts over the
+        budget; each naming the key to change."""
+        spec, problems = self.spec, []
+        shortest = min(len(e) for e in episodes)
+        if spec.action_horizon > shortest:
+            problems.append(f"the policy's action horizon {spec.action_horizon} is longer than the shortest "
+                            f"demonstration ({shortest} steps): its chunks would be mostly padding; set "
+                            f"model.pi0.action_horizon <= {shortest}")
+        for what, width in (("actions", episodes[0].actions.shape[1]), ("states", episodes[0].state.shape[1])):
+            if width > spec.action_dim:
+                problems.append(f"the demonstrations' {what} are {width}-d, wider than the policy's action size "
+                                f"{spec.action_dim}: set model.pi0.action_dim >= {width}")
+        for text in sorted({e.instruction for e in episodes}):
+            state = episodes[0].state[0] if spec.state_in_prompt else None
+            length = len(self.tokenizer.prompt_ids(text, state))
+            if length > spec.max_token_len:
+                problems.append(f"the instruction {text!r} makes a prompt of {length} tokens > the budget "
+                                f"{spec.max_token_len}: set model.pi0.max_token_len={length}")
+        return problems
+
+    def with_demonstrations(self, key: str, episodes: Sequence[Episode]) -> Pi0Source:
+        """This source with norm stats of the demonstrations' states and actions under `key` (the asset id)."""
+        stats = {"state": norm_stats_of(np.concatenate([e.state for e in episodes])),
+                 "actions": norm_stats_of(np.concatenate([e.actions for e in episodes]))}
+        return Pi0Source(self.spec, self.tokenizer, self.env, f"{self.source} + norm stats {key!r}", stats, key,
+                         self.weights)
+
+    def demonstrations(self, episodes: Sequence[Episode]) -> Pi0Demonstrations:
+        from vla_scale.models.pi0.demonstrations import Pi0Demonstrations
+
+        if self.norm_stats is None:
+            raise ValueError("no norm stats to normalise the demonstrations with: with_demonstrations first")
+        normalizer = Pi0Normalizer(self.norm_stats, self.spec.resolved_normalization)
+        return Pi0Demonstrations.build(episodes, self.spec, self.cameras, normalizer, self.tokenizer)
+
+    # ---- weights ---------------------------------------------------------------------------------------------------
+    def new_policy(self, zero3_init: bool = False) -> Pi0Policy:
+        """A freshly initialised policy (the expert's LM head, which never runs, frozen)."""
+        from vla_scale.models.pi0.policy import Pi0Policy
+
+        if self.weights:
+            raise ValueError(f"{self.weights}: loading π0 weights for training is not written yet")
+        return Pi0Policy.from_spec(self.spec, zero3_init=zero3_init)
+
+    def write_folder(self, module: nn.Module, tensors: dict[str, Tensor], folder: str) -> None:
+        """The gathered `tensors` as an openpi-layout folder with the norm stats and the tokenizer file
+        (`models/pi0/checkpoint.write_pi0_folder`)."""
+        import torch
+
+        from vla_scale.models.pi0.checkpoint import write_pi0_folder
+        from vla_scale.models.pi0.policy import Pi0Policy
+
+        policy = Pi0Policy(self.spec)
+        with torch.no_grad():
+            policy.load_openpi_state_dict({k: v.float() for k, v in tensors.items()})
+        write_pi0_folder(folder, policy, self.norm_stats or {}, tokenizer_file=str(self.tokenizer.path),
+                         layout="openpi", asset_id=self.asset_id or "demonstrations")

@@ -1,0 +1,143 @@
+"""Supervised fine-tuning of a tiny π0 on a LeRobot dataset (CPU, gloo): the run through launch/sft.py, the loss on
+a repeated batch, a resume bit for bit, the refusals before compute, and the examples as openpi prepares them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ROOT, run_script
+
+pytest.importorskip("av", reason="PyAV (the av package) writes and reads the datasets' videos: `make install`")
+
+from vla_scale import checkpoint  # noqa: E402
+from vla_scale.config import ConfigError  # noqa: E402
+from vla_scale.datasets.episodes import Episode  # noqa: E402
+from vla_scale.datasets.lerobot import LeRobotKeys, write_dataset  # noqa: E402
+from vla_scale.envs.pick_place import CAMERAS  # noqa: E402
+from vla_scale.envs.registry import simulator  # noqa: E402
+from vla_scale.models.interface import chunk_index  # noqa: E402
+from vla_scale.models.pi0.demonstrations import TIME_FLOOR, resize_with_pad  # noqa: E402
+from vla_scale.sft.trainer import SupervisedTrainer  # noqa: E402
+
+TOKENIZER = ROOT / "tests" / "fixtures" / "openpi_reference" / "tokenizer.model"
+PI0 = ["env=pick_place", "model=pi0_tiny", f"model.pi0.tokenizer={TOKENIZER}", "model.pi0.max_token_len=24",
+       "progress=false", "sft.batch_size=4", "sft.log_every=1"]
+
+
+def _episodes(lengths: tuple[int, ...] = (7, 9)) -> list[Episode]:
+    """Demonstrations of pick_place's instructions with random frames, states and actions (no simulator)."""
+    rng = np.random.default_rng(0)
+    texts = simulator("pick_place").instructions("pick_place")
+    return [Episode(texts[i % len(texts)], {c: rng.integers(0, 256, (n, 64, 64, 3), dtype=np.uint8) for c in CAMERAS},
+                    rng.normal(size=(n, 4)).astype(np.float32), rng.uniform(-1, 1, (n, 7)).astype(np.float32), True)
+            for i, n in enumerate(lengths)]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    keys = LeRobotKeys(cameras={c: f"observation.images.{c}" for c in CAMERAS})
+    return write_dataset(tmp_path_factory.mktemp("pi0") / "demos", _episodes(), keys, video=False)
+
+
+def _config(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from vla_scale.config import register_configs, to_config
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return to_config(compose(config_name="config", overrides=[*PI0, "deterministic=true", *overrides]))
+
+
+def _fine_tune(run: Path, dataset: Path, *overrides: str) -> SupervisedTrainer:
+    trainer = SupervisedTrainer(_config(f"sft.dataset={dataset}", *overrides), str(run))
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    return trainer
+
+
+def test_launch_sft_fine_tunes_a_tiny_pi0_and_saves_an_openpi_folder(tmp_path, dataset):
+    from vla_scale.models.pi0.checkpoint import read_pi0_folder
+
+    run = tmp_path / "run"
+    proc = run_script("sft", *PI0, f"sft.dataset={dataset}", "sft.steps=3", f"run_dir={run}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("sft: steps=3 loss=") and last.endswith(f"checkpoint={run / 'checkpoints' / 'step_3'}")
+    assert np.isfinite(float(last.split("loss=")[1].split()[0]))
+    read = read_pi0_folder(run / "checkpoints" / "step_3")
+    assert read is not None
+
+
+def test_the_flow_loss_falls_on_a_repeated_batch():
+    import torch
+
+    from vla_scale.config import DeepSpeedConfig, EnvConfig, ModelConfig, SftConfig
+    from vla_scale.config.schema import Pi0ModelConfig
+    from vla_scale.parallel.actor import Actor
+    from vla_scale.run_policy import vla_for_env
+    from vla_scale.run_setup import init_distributed
+
+    episodes = _episodes()
+    model = ModelConfig(family="pi0", pi0=Pi0ModelConfig(tokenizer=str(TOKENIZER), max_token_len=24))
+    source = vla_for_env(model, EnvConfig(name="pick_place", suite="pick_place", num_tasks=4))
+    source = source.with_demonstrations("pick_place", episodes)
+    demos = source.demonstrations(episodes)
+    init_distributed()
+    torch.manual_seed(0)
+    actor = Actor(source.new_policy, DeepSpeedConfig(zero_stage=3), SftConfig(lr=3e-3))
+    draw = demos.draw(np.random.default_rng(0), 8)
+    losses = [actor.supervised_update([demos.batch(draw, np.arange(8))])["loss"] for _ in range(12)]
+    assert losses[-1] < 0.8 * losses[0] and min(losses[-3:]) < min(losses[:3]), losses
+
+
+def test_a_resumed_pi0_fine_tune_ends_bit_for_bit_where_an_uninterrupted_one_does(tmp_path, dataset):
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    _fine_tune(whole, dataset, "sft.steps=3")
+    _fine_tune(parts, dataset, "sft.steps=2")
+    _fine_tune(parts, dataset, "sft.steps=3", "resume=true")
+    a = (Path(checkpoint.checkpoint_root(str(whole))) / "step_3" / "model.safetensors").read_bytes()
+    b = (Path(checkpoint.checkpoint_root(str(parts))) / "step_3" / "model.safetensors").read_bytes()
+    assert a == b
+
+
+def test_bad_input_is_refused_before_compute(tmp_path, dataset):
+    def refused(*overrides: str) -> str:
+        with pytest.raises(ConfigError) as err:
+            SupervisedTrainer(_config(f"sft.dataset={dataset}", *overrides), str(tmp_path / "never"))
+        assert not (tmp_path / "never").exists()
+        return str(err.value)
+
+    assert "model.pi0.action_horizon <= 7" in refused("model.pi0.action_horizon=8")
+    assert "model.pi0.tokenizer is not set" in refused("model.pi0.tokenizer=")
+    not_sp = tmp_path / "tokenizer.json"
+    not_sp.write_text("{}")
+    assert "is not a readable SentencePiece model" in refused(f"model.pi0.tokenizer={not_sp}")
+    assert "set model.pi0.max_token_len=" in refused("model.pi0.max_token_len=12")
+    assert "model.checkpoint is not supported" in refused(f"model.checkpoint={tmp_path}")
+
+
+def test_images_are_resized_with_padding_and_chunks_marked_past_the_end():
+    wide = np.full((32, 64, 3), 200, dtype=np.uint8)
+    out = resize_with_pad(wide, 28)
+    assert out.shape == (28, 28, 3)
+    assert (out[:7] == 0).all() and (out[21:] == 0).all() and (out[7:21] == 200).all()  # 14 rows kept, centred
+    assert resize_with_pad(out, 28) is out
+    index, pad = chunk_index(3, 4)
+    assert index.tolist() == [[0, 1, 2, 2], [1, 2, 2, 2], [2, 2, 2, 2]]
+    assert pad.tolist() == [[False, False, False, True], [False, False, True, True], [False, True, True, True]]
+
+
+def test_a_steps_noise_and_times_come_from_the_seeded_generator():
+    from vla_scale.models.pi0.demonstrations import Pi0Demonstrations
+
+    demos = Pi0Demonstrations(*(np.zeros((5, 1)) for _ in range(2)), *(np.zeros((5, 1)) for _ in range(3)),
+                              np.zeros((5, 4, 8), dtype=np.float32), np.ones((5, 4, 8), dtype=np.float32))
+    a, b = (demos.draw(np.random.default_rng(7), 1000) for _ in range(2))
+    assert np.array_equal(a.noise, b.noise) and np.array_equal(a.time, b.time) and a.noise.shape == (1000, 4, 8)
+    assert a.time.min() >= TIME_FLOOR and a.time.max() <= 1.0
+    assert abs(a.time.mean() - (TIME_FLOOR + (1 - TIME_FLOOR) * 0.6)) < 0.03  # Beta(1.5, 1) has mean 0.6
