@@ -18,6 +18,7 @@ place a family is chosen; what they return is a `models/interface.PolicySource`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -148,7 +149,30 @@ def vla_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[str] = 
     else a fresh one; raises ConfigError naming every key that does not fit, before any simulator starts.
     `explicit`: the keys the command line set (`model.*` ones a checkpoint contradicts are refused rather than
     silently replaced by the checkpoint's values)."""
-    return FAMILIES[model.family].source(model, env, explicit)
+    family = checkpoint_family_of(model, explicit)
+    return FAMILIES[family].source(replace(model, family=family), env, explicit)
+
+
+def checkpoint_family_of(model: ModelConfig, explicit: Collection[str] = ()) -> str:
+    """The family `model.checkpoint`'s folder holds (`models/families.checkpoint_family`), else `model.family`; a
+    `model.family` set on the command line that the folder contradicts is refused. Folders of no known family are
+    left to the configured family's reader, whose refusal names what the folder lacks."""
+    from vla_scale.models.families import CheckpointFolderError, checkpoint_family
+
+    if not model.checkpoint:
+        return model.family
+    try:
+        folder = step_folder(model.checkpoint)
+        found = checkpoint_family(folder) if os.path.isdir(folder) else None
+    except (CheckpointFolderError, FileNotFoundError):
+        found = None
+    if found is None:
+        return model.family
+    family = "oft" if found.family == "oft" else "pi0"
+    if family != model.family and "model.family" in explicit:
+        raise ConfigError(f"model.family={model.family} but model.checkpoint={model.checkpoint!r} is a "
+                          f"{found.note}: drop model.family (the folder decides it)")
+    return family
 
 
 def oft_vla_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[str] = ()) -> PretrainedVLA:
@@ -199,7 +223,7 @@ def model_config_from_spec(spec: OFTSpec, base: ModelConfig | None = None) -> Mo
 
 def resolved_model_config(vla: Any, base: ModelConfig) -> ModelConfig:
     """The ModelConfig describing `vla`'s policy (the checkpoint's values over `base`; the prompt budget)."""
-    return FAMILIES[base.family].resolved(vla, base)
+    return FAMILIES[vla.family].resolved(vla, replace(base, family=vla.family))
 
 
 def oft_resolved_model_config(vla: PretrainedVLA, base: ModelConfig) -> ModelConfig:
@@ -239,9 +263,10 @@ def pi0_spec_from_model_config(model: ModelConfig) -> Pi0Spec:
 def pi0_source_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[str] = ()) -> Pi0Source:
     """A fresh π0 / π0.5 policy on `env` (model.family=pi0), or ConfigError naming each key that does not fit."""
     unsupported = [f"model.{key} is not supported for model.family=pi0 yet ({why})" for key, value, why in (
-        ("checkpoint", model.checkpoint, "a π0 folder cannot start a run yet"),
         ("lora.rank", model.lora.rank, "LoRA targets of the Gemmas"), ("lora.path", model.lora.path, "ditto"))
         if value]
+    if model.checkpoint:
+        return pi0_checkpoint_source(model, env, explicit, unsupported)
     if not model.pi0.tokenizer:
         unsupported.append("model.pi0.tokenizer is not set: name the PaliGemma SentencePiece model file "
                            "(paligemma_tokenizer.model; for the tiny shapes any SentencePiece model, e.g. "
@@ -256,6 +281,31 @@ def pi0_source_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[
     problems = source.check_env(env)
     if problems:
         raise ConfigError("the policy does not fit the env:\n  - " + "\n  - ".join(problems))
+    return source
+
+
+PI0_SHAPE_KEYS = ("preset", "action_horizon", "action_dim", "max_token_len", "normalization")
+"""`model.pi0.*` keys a checkpoint decides (num_steps, the sampling's, and tokenizer may be set on top of one)."""
+
+
+def pi0_checkpoint_source(model: ModelConfig, env: EnvConfig, explicit: Collection[str],
+                          problems: list[str]) -> Pi0Source:
+    """The π0 / π0.5 policy of `model.checkpoint`'s folder (either layout) on `env`, or ConfigError naming every
+    key that does not fit: `problems` found already, shape keys set on the command line (the folder decides them),
+    what the folder lacks, what the env cannot take."""
+    problems = problems + [f"model.pi0.{key} is set but {model.checkpoint} decides it: drop it" for key in
+                           PI0_SHAPE_KEYS if f"model.pi0.{key}" in explicit]
+    if problems:
+        raise ConfigError("cannot build the policy:\n  - " + "\n  - ".join(problems))
+    try:
+        source = Pi0Source.from_folder(step_folder(model.checkpoint), env.name, model.pi0.tokenizer)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"model.checkpoint={model.checkpoint!r}: {err}") from err
+    if model.pi0.num_steps:
+        source.spec = replace(source.spec, num_steps=model.pi0.num_steps)
+    env_problems = source.check_env(env)
+    if env_problems:
+        raise ConfigError("the policy does not fit the env:\n  - " + "\n  - ".join(env_problems))
     return source
 
 

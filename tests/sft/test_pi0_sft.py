@@ -3,6 +3,7 @@ a repeated batch, a resume bit for bit, the refusals before compute, and the exa
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -118,7 +119,38 @@ def test_bad_input_is_refused_before_compute(tmp_path, dataset):
     not_sp.write_text("{}")
     assert "is not a readable SentencePiece model" in refused(f"model.pi0.tokenizer={not_sp}")
     assert "set model.pi0.max_token_len=" in refused("model.pi0.max_token_len=12")
-    assert "model.checkpoint is not supported" in refused(f"model.checkpoint={tmp_path}")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert f"model.checkpoint='{empty}'" in refused(f"model.checkpoint={empty}")
+
+
+@pytest.mark.parametrize("layout", ["openpi", "lerobot"])
+def test_model_checkpoint_picks_the_family_from_the_folder_and_fine_tunes_its_weights(tmp_path, dataset, layout):
+    """A π0 folder of either layout under `model.checkpoint=` is a π0 policy whatever model.family says (unless the
+    command line set it), its weights are the folder's, and SFT continues from them."""
+    import torch
+
+    from vla_scale.config import EnvConfig, ModelConfig
+    from vla_scale.models.pi0.checkpoint import write_pi0_folder
+    from vla_scale.models.pi0.normalize import norm_stats_of
+    from vla_scale.models.pi0.policy import Pi0Policy
+    from vla_scale.models.pi0.spec import PRESETS
+    from vla_scale.run_policy import vla_for_env
+
+    torch.manual_seed(3)
+    policy = Pi0Policy.from_spec(replace(PRESETS["pi0_tiny"](), max_token_len=24))
+    rng = np.random.default_rng(0)
+    stats = {k: norm_stats_of(rng.normal(size=(50, n))) for k, n in (("state", 4), ("actions", 7))}
+    folder = write_pi0_folder(tmp_path / layout, policy, stats, tokenizer_file=TOKENIZER, layout=layout)
+    env = EnvConfig(name="pick_place", suite="pick_place", num_tasks=4)
+    source = vla_for_env(ModelConfig(checkpoint=str(folder)), env)  # model.family is oft by default
+    assert source.family == "pi0" and f"{layout if layout == 'openpi' else 'LeRobot'} layout" in source.source
+    loaded = source.new_policy().state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in policy.state_dict().items())
+    with pytest.raises(ConfigError, match="drop model.family"):
+        vla_for_env(ModelConfig(checkpoint=str(folder), family="oft"), env, explicit=["model.family"])
+    trainer = _fine_tune(tmp_path / "run", dataset, f"model.checkpoint={folder}", "sft.steps=1")
+    assert trainer.cfg.model.family == "pi0"
 
 
 def test_images_are_resized_with_padding_and_chunks_marked_past_the_end():

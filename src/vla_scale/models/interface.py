@@ -79,6 +79,7 @@ class Demonstrations(Protocol):
 class PolicySource(Protocol):
     """A policy and what must agree with it, as the trainers and the entry scripts use it."""
 
+    family: str  # one of POLICY_FAMILIES: what `model.family` the run logs
     source: str
     weights: str
 

@@ -78,6 +78,8 @@ class Prediction:
 class PretrainedVLA:
     """Policy, tokenizer, processor and action post-processing from one source (module docstring)."""
 
+    family = "oft"
+
     def __init__(self, spec: OFTSpec, tokenizer: TextTokenizer, processor: Processor, env: str, source: str,
                  weights: str = "", adapters: tuple[str, ...] = ()):
         self.spec, self.tokenizer, self.processor, self.env, self.source = spec, tokenizer, processor, env, source

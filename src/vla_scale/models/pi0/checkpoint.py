@@ -87,11 +87,14 @@ LAYOUTS = ("openpi", "lerobot")
 
 
 # ---- reading ------------------------------------------------------------------------------------------------------
-def read_pi0_folder(folder: str | Path, asset_id: str | None = None
+def read_pi0_folder(folder: str | Path, asset_id: str | None = None, load: bool = True, check_shapes: bool = True
                     ) -> tuple[Pi0Spec, dict[str, torch.Tensor], dict[str, NormStats], Path | None, FamilyFound]:
     """(spec, state_dict in our parameter names, norm stats by openpi key, the tokenizer file or None, what was
     found) of a π0 / π0.5 folder of either layout. `asset_id`: which `assets/<id>` of an openpi folder to read (may
-    be left out when there is one). Every check runs before a tensor is read: CheckpointFolderError otherwise."""
+    be left out when there is one). Every check runs before a tensor is read: CheckpointFolderError otherwise.
+    `load=False`: the checks and the rest without the tensors (an empty state_dict). `check_shapes=False` skips the
+    weights' shapes against a policy built on the meta device, for a caller that checked them already and now builds
+    the policy inside `deepspeed.zero.Init` (which would partition that meta build too)."""
     folder = Path(folder)
     found = checkpoint_family(folder)
     if found.family == "oft":
@@ -111,8 +114,12 @@ def read_pi0_folder(folder: str | Path, asset_id: str | None = None
         stats = _lerobot_stats(folder)
     stats_problems(stats, spec, str(folder))
     tokenizer = _tokenizer_in(folder, spec)
-    renamed = _check_shapes(folder, spec, LEROBOT_PREFIX if found.layout == "lerobot" else "")
-    state = _load(folder, LEROBOT_PREFIX if found.layout == "lerobot" else "", renamed)
+    prefix = LEROBOT_PREFIX if found.layout == "lerobot" else ""
+    if check_shapes:
+        renamed = _check_shapes(folder, spec, prefix)
+    else:
+        renamed = _old_names({n.removeprefix(prefix): shape for n, shape in weight_shapes(folder).items()}, spec)
+    state = _load(folder, prefix, renamed) if load else {}
     return spec, state, stats, tokenizer, replace(found, asset_id=asset_id, n_action_steps=steps)
 
 

@@ -15,6 +15,10 @@ training loss is the per-element squared error against it (`flow_loss`, given th
 caller, or a test, fixes both). `sample_actions` starts from noise at t = 1 and takes K Euler steps of dt = -1/K to
 t = 0, computing the prefix once (its keys and values per layer) and only the suffix at every step.
 
+For RL the same steps become Gaussian transitions (Flow-SDE, `algo/flow_sde.py`): `sample_chain` samples a chain
+with a noise level and keeps every x_t and each step's log-prob, `chain_logprobs` recomputes those log-probs from a
+stored chain in one batched pass (the actor's update, with gradients). Noise level 0 is `sample_actions` bit for bit.
+
 The time enters as a sine-cosine embedding of width = the expert's (periods 4e-3 to 4, computed in float64 as
 openpi does): π0 concatenates it to each action token's embedding and mixes them with a 2-layer swish MLP; π0.5
 turns it into the adaRMS conditioning of every norm of the expert (`models/pi0/gemma.py`) and feeds the actions
@@ -31,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vla_scale.algo.flow_sde import euler_times, gaussian_logprob, sde_transition
 from vla_scale.models.pi0.backbone import KVCache, PaliGemmaWithExpert, Streams
 from vla_scale.models.pi0.gemma import MASKED, AdaRMSNorm
 from vla_scale.models.pi0.spec import Pi0Spec, check_spec, spec_from_openpi
@@ -48,6 +53,16 @@ class Pi0Inputs:
     tokens: Tensor  # int64[B, L]: the prompt (π0.5: with the discretised state), right-padded
     token_masks: Tensor  # bool[B, L]
     state: Tensor  # float[B, action_dim]: normalised, zero-padded (π0 reads it; π0.5's is in the prompt)
+
+
+@dataclass
+class FlowChain:
+    """One sampled denoising chain per example (`Pi0Policy.sample_chain`): what the actor needs to score it again."""
+
+    actions: Tensor  # float32[B, H, action_dim]: the chain's end, the normalised actions
+    chain: Tensor  # float32[B, K + 1, H, action_dim]: x at t = 1 (the noise), then after each of the K steps
+    logprobs: Tensor  # float32[B, K]: each step's log-prob over the mask; 0 for a deterministic step
+    stochastic: Tensor  # bool[B, K]: the steps that were Gaussian transitions (the others Euler steps)
 
 
 def pixels_from_uint8(images: Tensor) -> Tensor:
@@ -241,6 +256,67 @@ class Pi0Policy(nn.Module):
             x_t = x_t + dt * v_t
             time = time + dt
         return x_t
+
+    @torch.no_grad()
+    def sample_chain(self, inputs: Pi0Inputs, noise: Tensor, noise_level: float | Tensor,
+                     generator: torch.Generator | None = None, step_noise: Tensor | None = None,
+                     stochastic: Tensor | None = None, mask: Tensor | None = None,
+                     num_steps: int | None = None) -> FlowChain:
+        """K denoising steps from `noise` at t = 1, each a Flow-SDE transition of noise level a (a float or [B]),
+        the prefix computed once. The steps' standard normal draws come from `step_noise` float32[B, K, H, D], else
+        from `generator`, all drawn before the first step. `stochastic` bool[B, K] (default: all) picks the steps
+        that are transitions; the others take a = 0, the plain Euler step (πRL's mixed ODE-SDE sampling makes one
+        step per chain stochastic). `mask` (bool, broadcastable to [B, H, D]: `algo.flow_sde.action_mask`) is
+        where the log-probs count. With a = 0 everywhere the actions are `sample_actions`' bit for bit."""
+        steps = num_steps or self.spec.num_steps
+        batch = noise.shape[0]
+        chosen = _steps_chosen(stochastic, batch, steps, noise.device)
+        if step_noise is None:
+            step_noise = torch.randn((batch, steps, *noise.shape[1:]), generator=generator, dtype=torch.float32,
+                                     device=noise.device)
+        cache, prefix_pad = self.prefix_cache(inputs)
+        times, dt = euler_times(steps, noise.device)
+        x_t, chain, logprobs = noise, [noise.float()], []
+        for k in range(steps):
+            v_t = self.denoise_step(inputs.state, prefix_pad, cache, x_t, times[k].expand(batch))
+            mean, std = sde_transition(x_t, v_t, times[k], dt, chosen[:, k].float() * noise_level)
+            x_t = mean + std * step_noise[:, k]
+            logprobs.append(gaussian_logprob(x_t, mean, std, mask))
+            chain.append(x_t.float())
+        return FlowChain(actions=x_t, chain=torch.stack(chain, dim=1), logprobs=torch.stack(logprobs, dim=1),
+                         stochastic=chosen)
+
+    def chain_logprobs(self, inputs: Pi0Inputs, chain: Tensor, noise_level: float | Tensor,
+                       stochastic: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+        """Each step's log-prob float32[B, K] of a stored chain float32[B, K + 1, H, D] (`FlowChain.chain`; K is
+        read from it), as `sample_chain` computed them, with gradients into the policy. The prefix runs once; the
+        stochastic steps of every example (`stochastic` bool[B, K], default all; the others are 0) run as one
+        batch of suffix passes, each row attending to its example's cached prefix (the cache rows are gathered,
+        a copy per step: the memory of K separate passes, in one)."""
+        batch, steps = chain.shape[0], chain.shape[1] - 1
+        rows, ks = _steps_chosen(stochastic, batch, steps, chain.device).nonzero(as_tuple=True)
+        out = torch.zeros(batch, steps, dtype=torch.float32, device=chain.device)
+        if rows.numel() == 0:
+            return out
+        cache, prefix_pad = self.prefix_cache(inputs)
+        cache = [(keys[rows], values[rows]) for keys, values in cache]
+        times, dt = euler_times(steps, chain.device)
+        x_t = chain[rows, ks]
+        v_t = self.denoise_step(inputs.state[rows], prefix_pad[rows], cache, x_t, times[ks])
+        level = noise_level[rows] if isinstance(noise_level, Tensor) and noise_level.dim() else noise_level
+        mean, std = sde_transition(x_t, v_t, times[ks], dt, level)
+        if mask is not None and mask.dim() == 3:
+            mask = mask.expand(batch, -1, -1)[rows]
+        return out.index_put((rows, ks), gaussian_logprob(chain[rows, ks + 1], mean, std, mask))
+
+
+def _steps_chosen(stochastic: Tensor | None, batch: int, steps: int, device: torch.device) -> Tensor:
+    """bool[B, K]: the given choice of stochastic steps (checked against the chain's shape), else every step."""
+    if stochastic is None:
+        return torch.ones(batch, steps, dtype=torch.bool, device=device)
+    if stochastic.shape != (batch, steps):
+        raise ValueError(f"stochastic must be bool[{batch}, {steps}], got {tuple(stochastic.shape)}")
+    return stochastic.to(device=device, dtype=torch.bool)
 
 
 def _init_weights(module: nn.Module) -> None:

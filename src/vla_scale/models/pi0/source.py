@@ -12,6 +12,7 @@ within the budget. The rollout engine, RL and evaluation do not run this family 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,10 +34,15 @@ if TYPE_CHECKING:  # the model imports transformers' SigLIP: checking a policy a
 class Pi0Source:
     """A π0 / π0.5 policy's spec, tokenizer, cameras and norm stats (module docstring)."""
 
+    family = "pi0"
+
     def __init__(self, spec: Pi0Spec, tokenizer: PaliGemmaTokenizer, env: str, source: str,
-                 norm_stats: dict[str, NormStats] | None = None, asset_id: str = "", weights: str = ""):
+                 norm_stats: dict[str, NormStats] | None = None, asset_id: str = "", weights: str = "",
+                 weights_asset: str = ""):
         self.spec, self.tokenizer, self.env, self.source = spec, tokenizer, env, source
         self.norm_stats, self.asset_id, self.weights = norm_stats, asset_id, weights
+        self.weights_asset = weights_asset
+        """The asset id whose norm stats the weights' folder was read with (`asset_id` is the stats in use)."""
 
     @classmethod
     def fresh(cls, spec: Pi0Spec, tokenizer_file: str, env: str, source: str) -> Pi0Source:
@@ -47,6 +53,25 @@ class Pi0Source:
             raise ValueError(f"the tokenizer {tokenizer_file} has {tokenizer.vocab_size} ids but the model embeds "
                              f"only {spec.vocab_size}: use the tokenizer the model was made for")
         return cls(spec, tokenizer, env, source)
+
+    @classmethod
+    def from_folder(cls, folder: str, env: str, tokenizer_file: str = "") -> Pi0Source:
+        """The policy of a π0 / π0.5 checkpoint folder, openpi's layout or LeRobot's (`read_pi0_folder`: every check
+        before a tensor is read; its weights load in `new_policy`). `tokenizer_file`: the SentencePiece model to
+        use ('': the folder's own, which it must then have)."""
+        from vla_scale.models.pi0.checkpoint import read_pi0_folder, tokenizer_problem
+
+        spec, _, stats, own, found = read_pi0_folder(folder, load=False)
+        path = tokenizer_file or own
+        if path is None:
+            raise ValueError(f"{folder} holds no tokenizer.model: set model.pi0.tokenizer to the PaliGemma "
+                             "SentencePiece model the policy was trained with")
+        problem = tokenizer_problem(Path(path), spec) if tokenizer_file else None
+        if problem:
+            raise ValueError(problem)
+        asset = found.asset_id or ""
+        return cls(spec, PaliGemmaTokenizer(str(path), spec.max_token_len), env, f"{folder} ({found.note})", stats,
+                   asset, weights=folder, weights_asset=asset)
 
     # ---- fitting the env -------------------------------------------------------------------------------------------
     @property
@@ -108,7 +133,7 @@ class Pi0Source:
         stats = {"state": norm_stats_of(np.concatenate([e.state for e in episodes])),
                  "actions": norm_stats_of(np.concatenate([e.actions for e in episodes]))}
         return Pi0Source(self.spec, self.tokenizer, self.env, f"{self.source} + norm stats {key!r}", stats, key,
-                         self.weights)
+                         self.weights, self.weights_asset)
 
     def demonstrations(self, episodes: Sequence[Episode]) -> Pi0Demonstrations:
         from vla_scale.models.pi0.demonstrations import Pi0Demonstrations
@@ -120,12 +145,18 @@ class Pi0Source:
 
     # ---- weights ---------------------------------------------------------------------------------------------------
     def new_policy(self, zero3_init: bool = False) -> Pi0Policy:
-        """A freshly initialised policy (the expert's LM head, which never runs, frozen)."""
+        """The policy (the expert's LM head, which never runs, frozen): freshly initialised, or the weights of the
+        checkpoint folder it came from (copied into ZeRO-3 shards under `zero3_init`)."""
+        from vla_scale.models.checkpoint_io import copy_tensors
+        from vla_scale.models.pi0.checkpoint import read_pi0_folder
         from vla_scale.models.pi0.policy import Pi0Policy
 
+        policy = Pi0Policy.from_spec(self.spec, zero3_init=zero3_init)
         if self.weights:
-            raise ValueError(f"{self.weights}: loading π0 weights for training is not written yet")
-        return Pi0Policy.from_spec(self.spec, zero3_init=zero3_init)
+            _, state, _, _, _ = read_pi0_folder(self.weights, self.weights_asset or None, check_shapes=False)
+            names = dict(policy.named_parameters())  # one name of each tied pair, as the policy holds it
+            copy_tensors(policy, ((n, t) for n, t in state.items() if n in names), zero3_init)
+        return policy
 
     def write_folder(self, module: nn.Module, tensors: dict[str, Tensor], folder: str) -> None:
         """The gathered `tensors` as an openpi-layout folder with the norm stats and the tokenizer file
