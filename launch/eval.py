@@ -10,7 +10,8 @@ episodes=<n> success_rate=<r>`. With `record.path=DIR` the episodes played (`rec
 also written to DIR as a LeRobot dataset, every env step of them, for launch/sft.py.
 
 model.checkpoint= the policy to evaluate: a run directory of launch/train.py (its latest checkpoint), one of its
-`checkpoints/step_<k>` folders, an OpenVLA-OFT folder or a hub id (README). Without it a freshly initialised policy is
+`checkpoints/step_<k>` folders, an OpenVLA-OFT folder, a π0 / π0.5 folder (openpi's or LeRobot's layout; decoded
+noise-free: `models/pi0/rollout.py`) or a hub id (README). Without it a freshly initialised policy is
 evaluated: a smoke run of the whole path. Example:
 
     python launch/eval.py env=libero_spatial model.checkpoint=runs/my_run
@@ -90,7 +91,9 @@ def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) 
     from vla_scale.run_setup import checked_policy, resolved_config
 
     # the Ray address and the policy against the env before anything starts and before the rollout stack's imports
-    vla = checked_policy(cfg, explicit)
+    vla = checked_policy(cfg, explicit, training=False)
+    if cfg.record.path and (problems := vla.recording_problems()):
+        raise ConfigError("cannot record:\n  - " + "\n  - ".join(problems))
     from vla_scale.envs.registry import simulator
     from vla_scale.rollout.engine import RolloutEngine
     from vla_scale.rollout.env_loop import EnvLoop, success_metrics
@@ -104,7 +107,9 @@ def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) 
     torch.manual_seed(cfg.seed)
     policy = vla.policy
     source = f"{vla.source} (smoke run)" if not cfg.model.checkpoint else vla.source
-    engine = RolloutEngine(policy, "cuda" if torch.cuda.is_available() else "cpu", seed=cfg.seed)
+    # the family's decode where the engine's own does not apply (π0: noise-free sample_actions from seeded noise)
+    engine = RolloutEngine(policy, "cuda" if torch.cuda.is_available() else "cpu", seed=cfg.seed,
+                           decoder=vla.chunk_decoder())
     specs = eval_specs(e)
     log = RunLogger(run_dir)
     protocol = protocol_line(e)

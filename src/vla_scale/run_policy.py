@@ -310,11 +310,12 @@ def pi0_checkpoint_source(model: ModelConfig, env: EnvConfig, explicit: Collecti
 
 
 def pi0_resolved_model_config(source: Pi0Source, base: ModelConfig) -> ModelConfig:
-    """`base` with the π0 spec's resolved sizes and normalisation under model.pi0."""
+    """`base` with the π0 spec's resolved sizes and normalisation under model.pi0, and `model.chunk_len` the actions
+    of each chunk the env plays per decode (`Pi0Source.actions_per_chunk`)."""
     spec = source.spec
-    return replace(base, pi0=replace(base.pi0, action_horizon=spec.action_horizon, action_dim=spec.action_dim,
-                                     max_token_len=spec.max_token_len, num_steps=spec.num_steps,
-                                     normalization=spec.resolved_normalization))
+    pi0 = replace(base.pi0, action_horizon=spec.action_horizon, action_dim=spec.action_dim,
+                  max_token_len=spec.max_token_len, num_steps=spec.num_steps, normalization=spec.resolved_normalization)
+    return replace(base, chunk_len=source.actions_per_chunk, pi0=pi0)
 
 
 @dataclass(frozen=True)

@@ -20,18 +20,22 @@ from vla_scale.parallel.sim.cluster import ray_address_problem
 from vla_scale.run_policy import resolved_model_config, vla_for_env
 
 
-def checked_policy(cfg: Config, explicit: Collection[str] = ()) -> PretrainedVLA:
+def checked_policy(cfg: Config, explicit: Collection[str] = (), training: bool = True) -> PretrainedVLA:
     """The checks of a run's start that need nothing started and neither DeepSpeed nor transformers' Llama imported
     (the entry scripts run them before importing a trainer, which takes seconds): the Ray address, then the policy
-    against the env and the command line's `explicit` keys (`run_policy.vla_for_env`); the checked policy, or a
-    ConfigError that names what to change."""
+    against the env and the command line's `explicit` keys (`run_policy.vla_for_env`), whether the engine can roll
+    it out and (`training`: launch/train.py; launch/eval.py passes False) whether RL can train it; the checked
+    policy, or a ConfigError that names what to change."""
     unreachable = ray_address_problem(cfg.parallel.ray_address)
     if unreachable:
         raise ConfigError(unreachable)
     vla = vla_for_env(cfg.model, cfg.env, explicit)
     if problems := vla.rollout_problems():
         raise ConfigError("cannot roll the policy out:\n  - " + "\n  - ".join(problems))
-    if cfg.algo.has_critic:  # a checkpoint's value head must fit the critic this run builds
+    untrainable = vla.training_problems()
+    if training and untrainable:
+        raise ConfigError("cannot train the policy with RL:\n  - " + "\n  - ".join(untrainable))
+    if cfg.algo.has_critic and not untrainable:  # a checkpoint's value head must fit the critic this run builds
         critic = cfg.algo.critic
         problems = value_head_problems(vla.weights, vla.spec.llm["hidden_size"], critic.width, critic.position)
         if problems:

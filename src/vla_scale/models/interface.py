@@ -17,6 +17,19 @@ which family it holds:
     checkpoint.write_checkpoint
       write_folder(module, tensors, folder)  ----->  the policy as a checkpoint folder of the family's layout
 
+What the rollout engine and the env loop ask of it (evaluation: `launch/eval.py`, `rollout/stack.play_eval`):
+
+    run_setup.checked_policy
+      rollout_problems(), training_problems() ->  why it cannot be rolled out / trained by RL (refused before start)
+    start_fleet: simulator_kwargs(env)  ------>  the simulators' kwargs (resolution, image preparation)
+    EnvLoop
+      processor.prepare(observations)  ------->  the images as the policy sees them + raw proprio (recorded)
+      processor.from_prepared(...)  ---------->  the model's inputs on the engine's device
+      RolloutEngine(policy, decoder=chunk_decoder())
+        .decode(inputs, temperature, greedy) ->  Decoded; a family's `ChunkDecoder` decodes the batch (π0: noise-free
+                                                 `sample_actions`), None: the engine's own path (OFT's bins / L1 head)
+      env_actions(decoded.actions)  ---------->  the chunk in the env's convention
+
 OFT's loss is the cross-entropy over bins or the L1 regression of its head; π0's is the flow-matching loss masked over
 padded chunk steps and action dimensions (`models/pi0/demonstrations.py`).
 """
@@ -76,6 +89,29 @@ class Demonstrations(Protocol):
         ...
 
 
+class RolloutProcessor(Protocol):
+    """Observations -> a family's model inputs (OFT: `models/processor.Processor`; π0: `models/pi0/rollout.py`)."""
+
+    def prepare(self, observations: list[Any], prepared: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(images uint8 [B, cameras, S, S, 3] as the policy sees them, raw proprio [B, d]): what a rollout records."""
+        ...
+
+    def from_prepared(self, images: np.ndarray, instructions: list[str], proprio: np.ndarray,
+                      device: torch.device | str = "cpu") -> Any:
+        """The model's inputs of a prepared batch, on `device`."""
+        ...
+
+
+class ChunkDecoder(Protocol):
+    """How the rollout engine decodes a family's batch with its own copy of the policy (`RolloutEngine(decoder=)`)."""
+
+    def decode(self, policy: nn.Module, batch: Any, temperature: float, greedy: bool, generator: torch.Generator
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens [B, K], logprobs float32[B, K], actions float64[B, chunk, env action size]) of `batch`, its
+        randomness from the engine's seeded `generator` (`rollout/engine.Decoded`)."""
+        ...
+
+
 class PolicySource(Protocol):
     """A policy and what must agree with it, as the trainers and the entry scripts use it."""
 
@@ -98,8 +134,33 @@ class PolicySource(Protocol):
     def describe(self, env: EnvKeys | None = None) -> str: ...
 
     def rollout_problems(self) -> list[str]:
-        """Why this policy cannot be rolled out by the engine yet (RL, evaluation); empty when it can."""
+        """Why this policy cannot be rolled out by the engine yet (evaluation); empty when it can."""
         ...
+
+    def training_problems(self) -> list[str]:
+        """Why RL (launch/train.py) cannot train this policy yet; empty when it can."""
+        ...
+
+    def recording_problems(self) -> list[str]:
+        """Why the episodes it plays cannot be replayed into a LeRobot dataset (launch/eval.py record.path); empty
+        when they can."""
+        ...
+
+    @property
+    def processor(self) -> RolloutProcessor: ...
+
+    @property
+    def policy(self) -> nn.Module:
+        """The policy, built on first use, eval mode (what an evaluation's engine decodes with)."""
+        ...
+
+    def chunk_decoder(self) -> ChunkDecoder | None:
+        """The engine's decoder for this family; None: the engine's own (OFT)."""
+        ...
+
+    def env_actions(self, actions: np.ndarray) -> np.ndarray: ...
+
+    def simulator_kwargs(self, env: EnvKeys) -> dict[str, Any]: ...
 
     def demonstration_problems(self, episodes: Sequence[Episode]) -> list[str]: ...
 

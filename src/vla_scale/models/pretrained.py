@@ -187,6 +187,16 @@ class PretrainedVLA:
     def rollout_problems(self) -> list[str]:
         return []
 
+    def training_problems(self) -> list[str]:
+        return []
+
+    def recording_problems(self) -> list[str]:
+        return []
+
+    def chunk_decoder(self) -> None:
+        """None: the rollout engine decodes OFT with its own path (logits, `policy.distribution`)."""
+        return None
+
     def demonstration_problems(self, episodes: Sequence[Episode]) -> list[str]:
         """Demonstration instructions the policy cannot read as given: words its tokenizer does not know (a fresh
         policy's word-level vocabulary is the env suite's instructions) or prompts longer than its text budget."""

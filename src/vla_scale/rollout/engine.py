@@ -21,6 +21,11 @@ receives and holds the actor's weights exactly (the sync compares and fingerprin
 after a sync it quantises them into FP8 copies, so its log-probs are those of a slightly different policy, which the
 trainer treats as the behaviour policy.
 
+A family whose policy the engine's own path does not decode hands it a `ChunkDecoder` (`models/interface.py`:
+`PolicySource.chunk_decoder()`; π0 / π0.5: `models/pi0/rollout.Pi0Decoder`, noise-free `sample_actions` for
+evaluation): `decode` then gives it the policy, the batch (already on the engine's device) and the engine's seeded
+generator, and wraps what it returns in `Decoded`; the fast path and FP8 are OFT's only.
+
 A decode and a sync never overlap: `decode` holds the engine's weight lock for the forward, and a sync holds it for
 all of its buckets (`receiving`), so a decode running in another thread (`algo.max_staleness=1`) sees the weights of
 one version, never half of the next.
@@ -35,9 +40,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from vla_scale.models.fp8 import PRECISIONS, Fp8Weights, fp8_problem
+from vla_scale.models.interface import ChunkDecoder
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.rollout.fast_forward import FastForward
 from vla_scale.tensors.checksum import weights_checksum
@@ -49,8 +55,9 @@ class Decoded:
     """One decoded batch: one sample per action dimension, their log-probs under the sampling distribution, and
     actions."""
 
-    tokens: np.ndarray  # [B, chunk*action_dim]: int64 bins (token head) or float32 normalised values (l1 head)
-    logprobs: np.ndarray  # float32[B, chunk*action_dim]
+    tokens: np.ndarray  # [B, chunk*action_dim]: int64 bins (token head) or float32 normalised values (l1 head;
+    # π0's noise-free decode: the played normalised actions, a placeholder until its chain is recorded)
+    logprobs: np.ndarray  # float32[B, chunk*action_dim] (π0's noise-free decode: zeros, a placeholder)
     actions: np.ndarray  # float64[B, chunk, action_dim]: un-normalised with the dataset statistics (if any)
     version: int
 
@@ -58,18 +65,23 @@ class Decoded:
 class RolloutEngine:
     """Decodes action chunks for batches of observations with its own copy of the weights."""
 
-    def __init__(self, policy: OFTPolicy, device: str | torch.device = "cpu", seed: int = 0,
+    def __init__(self, policy: OFTPolicy | nn.Module, device: str | torch.device = "cpu", seed: int = 0,
                  fast: bool | None = None, compile: bool | None = None, pin_memory: bool | None = None,
                  dtype: torch.dtype | None = None, precision: str = "bf16", emulate_fp8: bool = False,
-                 filled: bool = True):
+                 filled: bool = True, decoder: ChunkDecoder | None = None):
         """`fast`, `compile`, `pin_memory`: None picks them by device (all on for CUDA, off on CPU). `compile`
         applies to the fast path only; `pin_memory` stages host inputs in reused page-locked buffers so that their
         copy to the GPU is asynchronous. `dtype`: cast the engine's weights (e.g. bfloat16), None keeps the policy's;
         weight sync then casts what it receives to it. `precision`: "bf16" multiplies in the weights' own dtype,
         "fp8" on FP8 tensor cores (fast path only; refused on a device without them); `emulate_fp8` runs the FP8
         arithmetic in float32 instead, on any device (tests). `filled=False`: the policy's weights hold no values yet
-        (`OFTPolicy.unfilled`); nothing is copied, and decoding waits for the first weight sync."""
+        (`OFTPolicy.unfilled`); nothing is copied, and decoding waits for the first weight sync. `decoder`: the
+        family's own decode (`PolicySource.chunk_decoder()`; module docstring), None: the engine's (OFT)."""
         self.device = torch.device(device)
+        self.decoder = decoder
+        if decoder is not None and (precision == "fp8" or fast):
+            raise ValueError("rollout.precision=fp8 and the fast path decode OFT policies only; use "
+                             "rollout.precision=bf16")
         on_gpu = self.device.type == "cuda"
         if precision not in PRECISIONS:
             raise ValueError(f"rollout.precision={precision!r}: choose one of {PRECISIONS}")
@@ -85,7 +97,7 @@ class RolloutEngine:
         self.version = -1
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         wants_fast = on_gpu or precision == "fp8"  # FP8 products exist on the fast path only
-        use_fast = (wants_fast and FastForward.supports(self.policy)) if fast is None else fast
+        use_fast = (wants_fast and decoder is None and FastForward.supports(self.policy)) if fast is None else fast
         if precision == "fp8" and not (use_fast and FastForward.supports(self.policy)):
             raise ValueError("rollout.precision=fp8 runs on the engine's fast path (a Llama policy with a silu "
                              "MLP, fast=True); use rollout.precision=bf16")
@@ -169,6 +181,10 @@ class RolloutEngine:
         if self.released or self._awaiting_sync:
             raise RuntimeError("the rollout engine holds no weights: sync them from the actor before decoding "
                                "(after resume_memory_occupation every weight must be pushed again)")
+        if self.decoder is not None:
+            tokens_np, logprobs_np, actions = self.decoder.decode(self.policy, batch, temperature, greedy,
+                                                                  self.generator)
+            return Decoded(tokens_np, logprobs_np, actions, self.version)
         lengths = batch.attention_mask.sum(dim=1).tolist() if batch.attention_mask.device.type == "cpu" else None
         raw = self.logits(self.inputs(batch), lengths)  # lengths from the host: no wait for the copies to the GPU
         dist = self.policy.distribution

@@ -6,14 +6,15 @@ slots, and the norm stats its states and actions are normalised with (made from 
 What fits an env: the env's action and proprio sizes at most the model's action size (a robot's vectors are
 zero-padded to it), at most `num_images` cameras (the first ones, primary first; slots left over are masked). What
 fits demonstrations: a horizon no longer than the shortest episode (its chunks would be mostly padding), prompts
-within the budget. The rollout engine, RL and evaluation do not run this family yet (`rollout_problems`).
+within the budget. The rollout engine decodes it for evaluation (`processor`, `chunk_decoder`: `models/pi0/rollout.py`,
+noise-free); RL does not train this family yet (`training_problems`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # the model imports transformers' SigLIP: checking a policy a
 
     from vla_scale.models.pi0.demonstrations import Pi0Demonstrations
     from vla_scale.models.pi0.policy import Pi0Policy
+    from vla_scale.models.pi0.rollout import Pi0Decoder, Pi0Processor
 
 
 class Pi0Source:
@@ -38,11 +40,13 @@ class Pi0Source:
 
     def __init__(self, spec: Pi0Spec, tokenizer: PaliGemmaTokenizer, env: str, source: str,
                  norm_stats: dict[str, NormStats] | None = None, asset_id: str = "", weights: str = "",
-                 weights_asset: str = ""):
+                 weights_asset: str = "", actions_per_chunk: int = 0):
         self.spec, self.tokenizer, self.env, self.source = spec, tokenizer, env, source
         self.norm_stats, self.asset_id, self.weights = norm_stats, asset_id, weights
         self.weights_asset = weights_asset
         """The asset id whose norm stats the weights' folder was read with (`asset_id` is the stats in use)."""
+        self._actions_per_chunk = actions_per_chunk
+        self._policy: Pi0Policy | None = None
 
     @classmethod
     def fresh(cls, spec: Pi0Spec, tokenizer_file: str, env: str, source: str) -> Pi0Source:
@@ -71,7 +75,7 @@ class Pi0Source:
             raise ValueError(problem)
         asset = found.asset_id or ""
         return cls(spec, PaliGemmaTokenizer(str(path), spec.max_token_len), env, f"{folder} ({found.note})", stats,
-                   asset, weights=folder, weights_asset=asset)
+                   asset, weights=folder, weights_asset=asset, actions_per_chunk=found.n_action_steps or 0)
 
     # ---- fitting the env -------------------------------------------------------------------------------------------
     @property
@@ -92,9 +96,59 @@ class Pi0Source:
                 f"model.pi0.action_dim >= {n}" for what, n in sizes.items() if n > width]
 
     def rollout_problems(self) -> list[str]:
-        return [f"{self.source} is a {'π0.5' if self.spec.pi05 else 'π0'} policy: it trains by supervised "
-                "fine-tuning (launch/sft.py) so far; the rollout engine, RL and evaluation of flow-matching policies "
-                "are not written yet"]
+        return []
+
+    def training_problems(self) -> list[str]:
+        return [f"{self.source} is a {'π0.5' if self.spec.pi05 else 'π0'} policy: RL of flow-matching policies is "
+                "not written yet (the rollout engine decodes them noise-free only, for launch/eval.py; the sampled "
+                "Flow-SDE chain with its log-probs and the actor's update on it are missing); fine-tune it with "
+                "launch/sft.py and evaluate it with launch/eval.py"]
+
+    def recording_problems(self) -> list[str]:
+        return [f"record.path replays each episode from the chunks the policy decoded, which {self.source} does not "
+                "keep yet (a π0 chunk is sampled, not tokens): drop record.path"]
+
+    # ---- rolling out (models/pi0/rollout.py) -----------------------------------------------------------------------
+    @property
+    def actions_per_chunk(self) -> int:
+        """Actions of each chunk the env plays before the next decode: a LeRobot folder's `n_action_steps`, else
+        the whole horizon."""
+        return min(self._actions_per_chunk or self.spec.action_horizon, self.spec.action_horizon)
+
+    def normalizer(self) -> Pi0Normalizer | None:
+        """The norm stats' normaliser (None without norm stats: states and actions as they are)."""
+        if self.norm_stats is None:
+            return None
+        return Pi0Normalizer(self.norm_stats, self.spec.resolved_normalization)
+
+    @property
+    def processor(self) -> Pi0Processor:
+        """Observations -> the model's inputs, as SFT prepares them."""
+        from vla_scale.models.pi0.rollout import Pi0Processor
+
+        return Pi0Processor(self.spec, self.cameras, self.tokenizer, self.normalizer())
+
+    def chunk_decoder(self) -> Pi0Decoder:
+        """What the rollout engine decodes a batch with: noise-free `sample_actions`, un-normalised and cut."""
+        from vla_scale.models.pi0.rollout import Pi0Decoder
+
+        return Pi0Decoder(self.normalizer(), simulator(self.env).action_dim, self.actions_per_chunk)
+
+    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+        """The decoded actions in the env's convention: they are already (openpi's outputs are played as they
+        come)."""
+        return np.asarray(actions, dtype=np.float64)
+
+    def simulator_kwargs(self, env: EnvKeys) -> dict[str, Any]:
+        """The fleet's env kwargs: the env's own, rendered at `camera_resolution(env)`."""
+        return {**env.simulator_kwargs(), "camera_resolution": self.camera_resolution(env)}
+
+    @property
+    def policy(self) -> Pi0Policy:
+        """The policy (built on first use by `new_policy`, eval mode)."""
+        if self._policy is None:
+            self._policy = self.new_policy().eval()
+        return self._policy
 
     def describe(self, env: EnvKeys | None = None) -> str:
         spec = self.spec
@@ -133,7 +187,7 @@ class Pi0Source:
         stats = {"state": norm_stats_of(np.concatenate([e.state for e in episodes])),
                  "actions": norm_stats_of(np.concatenate([e.actions for e in episodes]))}
         return Pi0Source(self.spec, self.tokenizer, self.env, f"{self.source} + norm stats {key!r}", stats, key,
-                         self.weights, self.weights_asset)
+                         self.weights, self.weights_asset, self._actions_per_chunk)
 
     def demonstrations(self, episodes: Sequence[Episode]) -> Pi0Demonstrations:
         from vla_scale.models.pi0.demonstrations import Pi0Demonstrations
