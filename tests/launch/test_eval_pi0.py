@@ -18,14 +18,14 @@ EVAL = ["env=pick_place", "env.num_tasks=1", "env.num_eval_init_states=2", "env.
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["openpi", "lerobot"])
-def test_a_pi0_folder_evaluates_on_pick_place(tmp_path: Path, layout: str) -> None:
-    folder = write_tiny_pi0(tmp_path / "pi0", layout=layout)
+@pytest.mark.parametrize(("pi05", "layout"), [(False, "openpi"), (True, "lerobot")])
+def test_a_pi0_folder_evaluates_on_pick_place(tmp_path: Path, pi05: bool, layout: str) -> None:
+    folder = write_tiny_pi0(tmp_path / "pi0", pi05=pi05, layout=layout)
     proc = run_script("eval", *EVAL, f"model.checkpoint={folder}", f"run_dir={tmp_path / 'run'}", timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("eval: suite=pick_place episodes=2 success_rate="), last
-    assert "π0" in proc.stdout and "norm stats '" in proc.stdout and "success_rate" in proc.stdout
+    assert ("π0.5" if pi05 else "π0") in proc.stdout and "norm stats '" in proc.stdout, proc.stdout[-2000:]
     assert (tmp_path / "run" / "eval_pick_place.csv").is_file()
 
 

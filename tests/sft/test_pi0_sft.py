@@ -124,8 +124,10 @@ def test_bad_input_is_refused_before_compute(tmp_path, dataset):
     assert f"model.checkpoint='{empty}'" in refused(f"model.checkpoint={empty}")
 
 
-@pytest.mark.parametrize("layout", ["openpi", "lerobot"])
-def test_model_checkpoint_picks_the_family_from_the_folder_and_fine_tunes_its_weights(tmp_path, dataset, layout):
+@pytest.mark.parametrize(("preset", "layout"), [("pi0_tiny", "openpi"), ("pi0_tiny", "lerobot"),
+                                               ("pi05_tiny", "openpi"), ("pi05_tiny", "lerobot")])
+def test_model_checkpoint_picks_the_family_from_the_folder_and_fine_tunes_its_weights(tmp_path, dataset, preset,
+                                                                                      layout):
     """A π0 folder of either layout under `model.checkpoint=` is a π0 policy whatever model.family says (unless the
     command line set it), its weights are the folder's, and SFT continues from them."""
     import torch
@@ -138,13 +140,14 @@ def test_model_checkpoint_picks_the_family_from_the_folder_and_fine_tunes_its_we
     from vla_scale.run_policy import vla_for_env
 
     torch.manual_seed(3)
-    policy = Pi0Policy.from_spec(replace(PRESETS["pi0_tiny"](), max_token_len=24))
+    policy = Pi0Policy.from_spec(replace(PRESETS[preset](), max_token_len=64))
     rng = np.random.default_rng(0)
     stats = {k: norm_stats_of(rng.normal(size=(50, n))) for k, n in (("state", 4), ("actions", 7))}
     folder = write_pi0_folder(tmp_path / layout, policy, stats, tokenizer_file=TOKENIZER, layout=layout)
     env = EnvConfig(name="pick_place", suite="pick_place", num_tasks=4)
     source = vla_for_env(ModelConfig(checkpoint=str(folder)), env)  # model.family is oft by default
-    assert source.family == "pi0" and f"{layout if layout == 'openpi' else 'LeRobot'} layout" in source.source
+    found = f"{'π0.5' if preset == 'pi05_tiny' else 'π0'} checkpoint, {layout if layout == 'openpi' else 'LeRobot'}"
+    assert source.family == "pi0" and found in source.source, source.source
     loaded = source.new_policy().state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in policy.state_dict().items())
     with pytest.raises(ConfigError, match="drop model.family"):
