@@ -59,7 +59,8 @@ class Trajectory:
     proprio: list[np.ndarray] = field(default_factory=list)
     tokens: list[np.ndarray] = field(default_factory=list)  # [chunk*action_dim]: bins, or the l1 head's values
     executed: list[int] = field(default_factory=list)  # actions of each chunk that ran (fewer at the episode's end)
-    logprobs: list[np.ndarray] = field(default_factory=list)
+    logprobs: list[np.ndarray] = field(default_factory=list)  # [chunk*action_dim] per token, or [1] per chunk (π0)
+    sampled: list[dict[str, np.ndarray]] = field(default_factory=list)  # a family's record per chunk (π0: its chain)
     versions: list[int] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)  # the env's reward of each chunk step (its steps' sum)
     success: bool = False
@@ -85,6 +86,7 @@ class Trajectory:
     def restart(self) -> None:
         """Forget what was recorded: the episode starts again from its initial state."""
         self.images, self.proprio, self.tokens, self.logprobs, self.versions = [], [], [], [], []
+        self.sampled = []
         self.executed, self.rewards = [], []
         self.success, self.env_steps = False, 0
         self.final_images = self.final_proprio = None
@@ -140,6 +142,9 @@ class MicroBatch(NamedTuple):
     """With a critic: which chunk step each row is, and its weight in the value loss."""
     critic: CriticTargets | None = None
     """With a critic: the value loss's targets, set once the values are known (`with_critic_targets`)."""
+    sampled: dict[str, torch.Tensor] | None = None
+    """A family's record of what it sampled, stacked over the rows (π0: the chains the actor scores again); None for
+    OFT, whose tokens say it all."""
 
 
 class RowIndex(NamedTuple):
@@ -253,7 +258,7 @@ def mini_batch(samples: list[Sample], algo: AlgoConfig, model: ModelConfig, proc
     mini-batch's over every rank's share of it (`algo.loss_normaliser`): each episode weighs what it would on one
     rank, DeepSpeed averaging the ranks' gradients."""
     executed = torch.tensor([0 if s.bootstrap else s.trajectory.executed[s.step] for s in samples])
-    mask = executed_action_mask(executed, model.chunk_len, model.action_dim)
+    mask = logprob_mask(executed, samples[0].trajectory.logprobs[0].shape[-1], model)
     episodes = torch.tensor([s.episode for s in samples])
     normaliser = mean_over_ranks(loss_normaliser(mask, episodes, algo.loss_agg))
     weights = token_weights(mask, episodes, algo.loss_agg, normaliser).float()
@@ -264,8 +269,29 @@ def mini_batch(samples: list[Sample], algo: AlgoConfig, model: ModelConfig, proc
     for part in np.array_split(np.arange(len(samples)), algo.micro_batches):
         inputs, tokens = policy_inputs([samples[j] for j in part], processor)
         index = None if rows is None else RowIndex(*(field[part] for field in rows))
-        micro.append(MicroBatch(inputs, tokens, rollout[part], advantages[part], mask[part], weights[part], index))
+        sampled = recorded_samples([samples[j] for j in part])
+        micro.append(MicroBatch(inputs, tokens, rollout[part], advantages[part], mask[part], weights[part], index,
+                                sampled=sampled))
     return MiniBatch(tuple(micro))
+
+
+def logprob_mask(executed: torch.Tensor, width: int, model: ModelConfig) -> torch.Tensor:
+    """Which recorded log-probs enter the loss, bool[M, width], as wide as the rollout recorded them: one per action
+    token (OFT, `chunk_len * action_dim`: the executed actions' tokens), or one per chunk (width 1, a flow policy's
+    whole chunk: every chunk step that ran counts, a final observation's row does not)."""
+    if width == 1:
+        return (executed > 0)[:, None]
+    return executed_action_mask(executed, model.chunk_len, model.action_dim)
+
+
+def recorded_samples(samples: list[Sample]) -> dict[str, torch.Tensor] | None:
+    """The family's records of the samples' chunk steps stacked per key (a final observation's: zeros), or None when
+    the family records none (OFT)."""
+    first = samples[0].trajectory.sampled[0] if samples[0].trajectory.sampled else {}
+    if not first:
+        return None
+    return {key: torch.from_numpy(np.stack([_recorded(s, [r[key] for r in s.trajectory.sampled]) for s in samples]))
+            for key in first}
 
 
 def row_index(samples: list[Sample], mean_over_ranks: MeanOverRanks) -> RowIndex:
@@ -348,8 +374,10 @@ def without_final_rows(mini: MiniBatch, olds: list[torch.Tensor | None]
         index = torch.from_numpy(keep)
         rows = RowIndex(*(field[index] for field in micro.rows))
         critic = None if micro.critic is None else CriticTargets(*(field[index] for field in micro.critic))
+        sampled = None if micro.sampled is None else {k: v[index] for k, v in micro.sampled.items()}
         kept_minis.append(MicroBatch(micro.inputs.rows(keep), micro.tokens[index], micro.rollout_logprobs[index],
-                                     micro.advantages[index], micro.mask[index], micro.weights[index], rows, critic))
+                                     micro.advantages[index], micro.mask[index], micro.weights[index], rows, critic,
+                                     sampled))
         kept_olds.append(None if old is None else old[index])
     return MiniBatch(tuple(kept_minis)), kept_olds
 

@@ -278,6 +278,7 @@ def pi0_source_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[
         source = Pi0Source.fresh(spec, model.pi0.tokenizer, env.name, f"a fresh model={model.name}")
     except (OSError, ValueError) as err:
         raise ConfigError(f"model.pi0.tokenizer={model.pi0.tokenizer!r} / model.pi0.*: {err}") from err
+    source.noise_level = model.pi0.noise_level
     problems = source.check_env(env)
     if problems:
         raise ConfigError("the policy does not fit the env:\n  - " + "\n  - ".join(problems))
@@ -303,6 +304,7 @@ def pi0_checkpoint_source(model: ModelConfig, env: EnvConfig, explicit: Collecti
         raise ConfigError(f"model.checkpoint={model.checkpoint!r}: {err}") from err
     if model.pi0.num_steps:
         source.spec = replace(source.spec, num_steps=model.pi0.num_steps)
+    source.noise_level = model.pi0.noise_level
     env_problems = source.check_env(env)
     if env_problems:
         raise ConfigError("the policy does not fit the env:\n  - " + "\n  - ".join(env_problems))

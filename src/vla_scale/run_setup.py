@@ -32,7 +32,7 @@ def checked_policy(cfg: Config, explicit: Collection[str] = (), training: bool =
     vla = vla_for_env(cfg.model, cfg.env, explicit)
     if problems := vla.rollout_problems():
         raise ConfigError("cannot roll the policy out:\n  - " + "\n  - ".join(problems))
-    untrainable = vla.training_problems()
+    untrainable = vla.training_problems(cfg.algo.has_critic)
     if training and untrainable:
         raise ConfigError("cannot train the policy with RL:\n  - " + "\n  - ".join(untrainable))
     if cfg.algo.has_critic and not untrainable:  # a checkpoint's value head must fit the critic this run builds

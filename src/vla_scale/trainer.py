@@ -215,13 +215,15 @@ class Trainer:
         cfg = self.cfg
         self.log = RunLogger(self.run_dir, self.rank)
         torch.manual_seed(cfg.seed)
-        self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.algo, cfg.model.lora, critic_from=self.vla.weights)
+        self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.algo, cfg.model.lora, critic_from=self.vla.weights,
+                           scorer=self.vla.chunk_scorer())
         if self.actor.critic_source and self.rank == 0 and not cfg.resume:
             print(self.actor.critic_source, flush=True)
         engine_dtype = torch.bfloat16 if cfg.deepspeed.bf16 else None  # the engine holds what the actor holds
         # the engine is built empty: the first sync below fills every weight (one checkpoint read, the actor's)
         self.engine = RolloutEngine(self.vla.unfilled_policy(), self.actor.device, seed=cfg.seed * 1000 + self.rank,
-                                    dtype=engine_dtype, precision=cfg.rollout.precision, filled=False)
+                                    dtype=engine_dtype, precision=cfg.rollout.precision, filled=False,
+                                    decoder=self.vla.chunk_decoder())
         self.memory = ColocatedMemory(self.actor, self.engine, cfg.deepspeed)
         self.sampler = TaskSampler(cfg.env, seed=cfg.seed * 1000 + self.rank)
         self._start_ray()

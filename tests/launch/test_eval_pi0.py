@@ -1,6 +1,6 @@
 """launch/eval.py on π0 folders (openpi's and LeRobot's layout) and a fresh model=pi0_tiny: the eval episodes of
 pick_place played through the rollout engine's π0 decode, the same table and last line as for OFT; launch/train.py
-refuses a π0 policy before anything starts, naming what is missing."""
+refuses PPO for a π0 policy before anything starts (GRPO trains it: tests/launch/test_train_pi0.py)."""
 
 from __future__ import annotations
 
@@ -37,12 +37,12 @@ def test_a_fresh_pi0_evaluates(tmp_path: Path) -> None:
     assert proc.stdout.strip().splitlines()[-1].startswith("eval: suite=pick_place episodes=2 success_rate=")
 
 
-def test_train_refuses_a_pi0_policy_before_anything_starts(tmp_path: Path) -> None:
+def test_train_refuses_ppo_for_a_pi0_policy_before_anything_starts(tmp_path: Path) -> None:
     folder = write_tiny_pi0(tmp_path / "pi0")
-    proc = run_script("train", "env=pick_place", f"model.checkpoint={folder}", f"run_dir={tmp_path / 'run'}",
-                      "progress=false", timeout=120)
+    proc = run_script("train", "env=pick_place", f"model.checkpoint={folder}", "algo=ppo",
+                      f"run_dir={tmp_path / 'run'}", "progress=false", timeout=120)
     assert proc.returncode != 0
-    assert "cannot train the policy with RL" in proc.stderr and "Flow-SDE" in proc.stderr, proc.stderr[-3000:]
+    assert "cannot train the policy with RL" in proc.stderr and "algo=grpo" in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
 

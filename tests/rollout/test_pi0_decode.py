@@ -53,7 +53,8 @@ def _observations(n: int) -> list[Observation]:
 def test_engine_decode_is_sample_actions_by_hand(tmp_path: Path) -> None:
     for pi05 in (False, True):
         source = Pi0Source.from_folder(str(write_tiny_pi0(tmp_path / f"pi05_{pi05}", pi05)), "pick_place")
-        assert source.rollout_problems() == [] and source.training_problems()
+        assert source.rollout_problems() == [] and source.training_problems() == []
+        assert source.training_problems(critic=True)
         observations = _observations(3)
         processor = source.processor
         images, proprio = processor.prepare(observations)
@@ -81,8 +82,8 @@ def test_engine_decode_is_sample_actions_by_hand(tmp_path: Path) -> None:
         expected = normalizer.unnormalize("actions", normalized)[:, :, :7]
         np.testing.assert_array_equal(decoded.actions, expected)
         assert decoded.actions.shape == (3, spec.action_horizon, 7) and decoded.actions.dtype == np.float64
-        assert decoded.tokens.shape == decoded.logprobs.shape == (3, spec.action_horizon * 7)
-        assert not decoded.logprobs.any()
+        assert decoded.tokens.shape == (3, spec.action_horizon * 7) and decoded.logprobs.shape == (3, 1)
+        assert not decoded.logprobs.any() and decoded.sampled == {}
         np.testing.assert_array_equal(decoded.tokens.reshape(3, -1, 7), normalized[:, :, :7])
         again = RolloutEngine(source.policy, "cpu", seed=7, decoder=source.chunk_decoder())
         np.testing.assert_array_equal(again.decode(inputs, 1.0, greedy=True).actions, decoded.actions)

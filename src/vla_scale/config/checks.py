@@ -65,6 +65,7 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
                                          "lora.rank")},
     "model.lora.alpha": POSITIVE,
     **{f"model.pi0.{k}": AT_LEAST_0 for k in ("action_horizon", "action_dim", "max_token_len", "num_steps")},
+    "model.pi0.noise_level": POSITIVE,
     "model.action_log_std_init": (">= -10", -10, True),
     "rollout.pipeline_stage_num": AT_LEAST_1,
     "sync.bucket_mb": AT_LEAST_1,

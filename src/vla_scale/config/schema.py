@@ -56,6 +56,10 @@ class Pi0ModelConfig:
     normalization: str = ""
     """How states and actions are normalised: zscore, quantile or '' (the family's: z-score for π0, quantiles for
     π0.5)."""
+    noise_level: float = 0.5
+    """RL's Flow-SDE noise level a (algo/flow_sde.py): the rollout of launch/train.py makes one denoising step per
+    chunk, drawn at random, a Gaussian transition of std a * sqrt(t / (1 - t)) * sqrt(|dt|) (πRL's mixed ODE-SDE
+    sampling); its log-prob is what GRPO trains. Evaluation decodes noise-free whatever it is."""
 
 
 @dataclass

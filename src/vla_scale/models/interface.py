@@ -27,8 +27,17 @@ What the rollout engine and the env loop ask of it (evaluation: `launch/eval.py`
       processor.from_prepared(...)  ---------->  the model's inputs on the engine's device
       RolloutEngine(policy, decoder=chunk_decoder())
         .decode(inputs, temperature, greedy) ->  Decoded; a family's `ChunkDecoder` decodes the batch (π0: noise-free
-                                                 `sample_actions`), None: the engine's own path (OFT's bins / L1 head)
+                                                 `sample_actions`, or with `greedy=False` a Flow-SDE chain whose
+                                                 record, `Decoded.sampled`, the update scores again), None: the
+                                                 engine's own path (OFT's bins / L1 head)
       env_actions(decoded.actions)  ---------->  the chunk in the env's convention
+
+What the RL update asks of it (`launch/train.py`):
+
+    Actor(new_policy, ..., scorer=chunk_scorer())
+      scorer.logprobs(forward, inputs, sampled) ->  the recorded chunks' log-probs with gradients (π0: the chain's
+                                                    stochastic step again, `Pi0Policy.chain_logprobs`); None: OFT's
+                                                    head and its `distribution`
 
 OFT's loss is the cross-entropy over bins or the L1 regression of its head; π0's is the flow-matching loss masked over
 padded chunk steps and action dimensions (`models/pi0/demonstrations.py`).
@@ -102,13 +111,28 @@ class RolloutProcessor(Protocol):
         ...
 
 
+Sampled = dict[str, np.ndarray]
+"""What a family's decode sampled beyond the tokens, per row of the batch (each array's first axis): what the actor
+needs to score the chunk again (π0: the denoising chain, its stochastic step, the noise level); empty for OFT."""
+
+
 class ChunkDecoder(Protocol):
     """How the rollout engine decodes a family's batch with its own copy of the policy (`RolloutEngine(decoder=)`)."""
 
     def decode(self, policy: nn.Module, batch: Any, temperature: float, greedy: bool, generator: torch.Generator
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(tokens [B, K], logprobs float32[B, K], actions float64[B, chunk, env action size]) of `batch`, its
-        randomness from the engine's seeded `generator` (`rollout/engine.Decoded`)."""
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Sampled]:
+        """(tokens [B, K], logprobs float32[B, K], actions float64[B, chunk, env action size], what was sampled)
+        of `batch`, its randomness from the engine's seeded `generator` (`rollout/engine.Decoded`)."""
+        ...
+
+
+class ChunkScorer(Protocol):
+    """How the actor scores a family's recorded chunks again (`Actor(scorer=)`; None: OFT's own head)."""
+
+    def logprobs(self, forward: Callable[..., Any], inputs: Any, sampled: dict[str, Tensor], device: torch.device
+                 ) -> tuple[Tensor, Tensor]:
+        """(log-probs float32[B, width], entropy float32[B, width]) of the recorded chunks, with gradients, the
+        policy run through `forward` (the DeepSpeed engine); the width is the rollout's record's."""
         ...
 
 
@@ -137,8 +161,9 @@ class PolicySource(Protocol):
         """Why this policy cannot be rolled out by the engine yet (evaluation); empty when it can."""
         ...
 
-    def training_problems(self) -> list[str]:
-        """Why RL (launch/train.py) cannot train this policy yet; empty when it can."""
+    def training_problems(self, critic: bool = False) -> list[str]:
+        """Why RL (launch/train.py) cannot train this policy yet (`critic`: with PPO's value head); empty when it
+        can."""
         ...
 
     def recording_problems(self) -> list[str]:
@@ -156,6 +181,14 @@ class PolicySource(Protocol):
 
     def chunk_decoder(self) -> ChunkDecoder | None:
         """The engine's decoder for this family; None: the engine's own (OFT)."""
+        ...
+
+    def chunk_scorer(self) -> ChunkScorer | None:
+        """The actor's scorer of recorded chunks for this family; None: the actor's own (OFT)."""
+        ...
+
+    def unfilled_policy(self) -> nn.Module:
+        """A policy of this shape for a rollout engine that the first weight sync fills."""
         ...
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray: ...

@@ -187,7 +187,7 @@ class PretrainedVLA:
     def rollout_problems(self) -> list[str]:
         return []
 
-    def training_problems(self) -> list[str]:
+    def training_problems(self, critic: bool = False) -> list[str]:
         return []
 
     def recording_problems(self) -> list[str]:
@@ -195,6 +195,10 @@ class PretrainedVLA:
 
     def chunk_decoder(self) -> None:
         """None: the rollout engine decodes OFT with its own path (logits, `policy.distribution`)."""
+        return None
+
+    def chunk_scorer(self) -> None:
+        """None: the actor scores OFT's tokens with its own path (the head's `distribution`)."""
         return None
 
     def demonstration_problems(self, episodes: Sequence[Episode]) -> list[str]:

@@ -23,8 +23,9 @@ trainer treats as the behaviour policy.
 
 A family whose policy the engine's own path does not decode hands it a `ChunkDecoder` (`models/interface.py`:
 `PolicySource.chunk_decoder()`; π0 / π0.5: `models/pi0/rollout.Pi0Decoder`, noise-free `sample_actions` for
-evaluation): `decode` then gives it the policy, the batch (already on the engine's device) and the engine's seeded
-generator, and wraps what it returns in `Decoded`; the fast path and FP8 are OFT's only.
+evaluation, a Flow-SDE chain for RL): `decode` then gives it the policy, the batch (already on the engine's device)
+and the engine's seeded generator, and wraps what it returns in `Decoded` (what it sampled in `Decoded.sampled`,
+kept per chunk by the env loop for the update); the fast path and FP8 are OFT's only.
 
 A decode and a sync never overlap: `decode` holds the engine's weight lock for the forward, and a sync holds it for
 all of its buckets (`receiving`), so a decode running in another thread (`algo.max_staleness=1`) sees the weights of
@@ -36,14 +37,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from vla_scale.models.fp8 import PRECISIONS, Fp8Weights, fp8_problem
-from vla_scale.models.interface import ChunkDecoder
+from vla_scale.models.interface import ChunkDecoder, Sampled
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.rollout.fast_forward import FastForward
 from vla_scale.tensors.checksum import weights_checksum
@@ -56,10 +57,11 @@ class Decoded:
     actions."""
 
     tokens: np.ndarray  # [B, chunk*action_dim]: int64 bins (token head) or float32 normalised values (l1 head;
-    # π0's noise-free decode: the played normalised actions, a placeholder until its chain is recorded)
-    logprobs: np.ndarray  # float32[B, chunk*action_dim] (π0's noise-free decode: zeros, a placeholder)
+    # π0: the played normalised actions, which nothing scores)
+    logprobs: np.ndarray  # float32[B, chunk*action_dim] (π0: [B, 1], the chunk's Flow-SDE log-prob; 0 noise-free)
     actions: np.ndarray  # float64[B, chunk, action_dim]: un-normalised with the dataset statistics (if any)
     version: int
+    sampled: Sampled = field(default_factory=dict)  # a family's record of what it sampled, per row (π0: the chain)
 
 
 class RolloutEngine:
@@ -182,9 +184,9 @@ class RolloutEngine:
             raise RuntimeError("the rollout engine holds no weights: sync them from the actor before decoding "
                                "(after resume_memory_occupation every weight must be pushed again)")
         if self.decoder is not None:
-            tokens_np, logprobs_np, actions = self.decoder.decode(self.policy, batch, temperature, greedy,
-                                                                  self.generator)
-            return Decoded(tokens_np, logprobs_np, actions, self.version)
+            tokens_np, logprobs_np, actions, sampled = self.decoder.decode(self.policy, batch, temperature, greedy,
+                                                                           self.generator)
+            return Decoded(tokens_np, logprobs_np, actions, self.version, sampled)
         lengths = batch.attention_mask.sum(dim=1).tolist() if batch.attention_mask.device.type == "cpu" else None
         raw = self.logits(self.inputs(batch), lengths)  # lengths from the host: no wait for the copies to the GPU
         dist = self.policy.distribution

@@ -174,6 +174,7 @@ class EnvLoop:
             traj.proprio.append(proprio[row])
             traj.tokens.append(decoded.tokens[row])
             traj.logprobs.append(decoded.logprobs[row])
+            traj.sampled.append({key: value[row] for key, value in decoded.sampled.items()})
             traj.versions.append(decoded.version)
             chunks_done[i] += 1
         mask = np.zeros(self.fleet.size, dtype=bool)

@@ -211,7 +211,12 @@ class Pi0Policy(nn.Module):
         x_t = t * noise + (1 - t) * actions
         return F.mse_loss(noise - actions, self.velocity_joint(inputs, x_t, time), reduction="none")
 
-    forward = flow_loss
+    def forward(self, inputs: Pi0Inputs, *args: Tensor, **kwargs: Tensor) -> Tensor:
+        """What the DeepSpeed engine runs: `flow_loss(inputs, actions, noise, time)` (SFT), or with `chain=`
+        `chain_logprobs(inputs, chain=, noise_level=, stochastic=, mask=)` (RL's update)."""
+        if "chain" in kwargs:
+            return self.chain_logprobs(inputs, **kwargs)
+        return self.flow_loss(inputs, *args, **kwargs)
 
     # ---- sampling ---------------------------------------------------------------------------------------------------
     def prefix_cache(self, inputs: Pi0Inputs) -> tuple[KVCache, Tensor]:

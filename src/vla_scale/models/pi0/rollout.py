@@ -13,25 +13,62 @@ actions un-normalised with the policy's norm stats (as openpi's `Unnormalize`, f
 env's action size and to the first `actions_per_chunk` steps of the horizon (LeRobot's `n_action_steps`; the whole
 horizon by default), which the env plays before the next decode.
 
-There is no stochastic chain yet (Flow-SDE comes with RL), so `Decoded.tokens` holds the played normalised actions
-(float32[B, chunk*action_dim], as the OFT l1 head's values) and `Decoded.logprobs` zeros of that shape: placeholders
-that keep the records' shapes, read by nothing on the evaluation path.
+For RL (`greedy=False`, launch/train.py's rollout) it samples a Flow-SDE chain instead (`Pi0Policy.sample_chain`,
+πRL's mixed ODE-SDE sampling): from the same noise, one of the K denoising steps per chunk, drawn uniformly with the
+engine's generator, is a Gaussian transition of the noise level `model.pi0.noise_level`, the others plain Euler
+steps. Its log-prob is one number per chunk (RLinf's chunk_level): the stochastic step's Gaussian log-prob summed
+over the chunk's played steps (`actions_per_chunk`) and the robot's action dims (`chunk_mask`); all of them count,
+even where the episode ended inside the chunk, as the chunk is the action taken. `Decoded.sampled` keeps what the
+update needs to compute it again (`Pi0Scorer`): the chain float32[B, K + 1, H, D], the stochastic step int64[B] and
+the noise level float32[B]. The sampling temperature does not apply (the noise level plays its part).
+
+`Decoded.tokens` holds the played normalised actions (float32[B, chunk*action_dim], as the OFT l1 head's values),
+which nothing scores; noise-free, `Decoded.logprobs` is zeros [B, 1].
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
+from vla_scale.algo.flow_sde import action_mask, euler_times, sde_sigma
 from vla_scale.envs.types import Observation
 from vla_scale.models.pi0.demonstrations import pad_last, resize_with_pad
 from vla_scale.models.pi0.normalize import Pi0Normalizer
-from vla_scale.models.pi0.policy import Pi0Inputs, Pi0Policy, pixels_from_uint8
+from vla_scale.models.pi0.policy import FlowChain, Pi0Inputs, Pi0Policy, pixels_from_uint8
 from vla_scale.models.pi0.spec import Pi0Spec
 from vla_scale.models.pi0.tokenizer import PaliGemmaTokenizer
+
+
+@dataclass(frozen=True)
+class Pi0Prepared:
+    """A batch of `Pi0Inputs` on the host, images still uint8 (what the update's micro-batches keep): `on(device)`
+    makes the model's inputs."""
+
+    images: np.ndarray  # uint8 [B, slots, S, S, 3]
+    image_masks: np.ndarray  # bool [B, slots]
+    tokens: np.ndarray  # int64 [B, L]
+    token_masks: np.ndarray  # bool [B, L]
+    state: np.ndarray  # float [B, action_dim]
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def rows(self, keep: np.ndarray) -> Pi0Prepared:
+        return Pi0Prepared(*(np.ascontiguousarray(a[keep]) for a in vars(self).values()))
+
+    def on(self, device: torch.device | str) -> Pi0Inputs:
+        return Pi0Inputs(images=pixels_from_uint8(torch.from_numpy(self.images).to(device)),
+                         image_masks=torch.from_numpy(self.image_masks).to(device),
+                         tokens=torch.from_numpy(self.tokens).to(device),
+                         token_masks=torch.from_numpy(self.token_masks).to(device),
+                         state=torch.from_numpy(self.state).to(device))
 
 
 class Pi0Processor:
@@ -62,6 +99,10 @@ class Pi0Processor:
                       device: torch.device | str = "cpu") -> Pi0Inputs:
         """Prepared images uint8 [B, cameras, S, S, 3] (`prepare`), the instructions and raw proprio [B, d] -> the
         model's inputs on `device`."""
+        return self.encode(images, instructions, proprio).on(device)
+
+    def encode(self, images: np.ndarray, instructions: list[str], proprio: np.ndarray) -> Pi0Prepared:
+        """`from_prepared`'s inputs kept on the host, images uint8 in their camera slots (the update's)."""
         spec, batch = self.spec, len(images)
         slots = np.zeros((batch, spec.num_images, *images.shape[2:]), dtype=np.uint8)
         slots[:, : images.shape[1]] = images
@@ -69,18 +110,29 @@ class Pi0Processor:
         state = self.normalized_state(proprio)
         prompts = [self.tokenizer.tokenize(text, s if spec.state_in_prompt else None)
                    for text, s in zip(instructions, state, strict=True)]
-        return Pi0Inputs(images=pixels_from_uint8(torch.from_numpy(slots).to(device)),
-                         image_masks=torch.from_numpy(np.ascontiguousarray(masks)).to(device),
-                         tokens=torch.from_numpy(np.stack([t for t, _ in prompts])).to(device),
-                         token_masks=torch.from_numpy(np.stack([m for _, m in prompts])).to(device),
-                         state=torch.from_numpy(pad_last(state, spec.action_dim)).to(device))
+        return Pi0Prepared(slots, np.ascontiguousarray(masks), np.stack([t for t, _ in prompts]),
+                           np.stack([m for _, m in prompts]), pad_last(state, spec.action_dim))
+
+
+def chunk_mask(spec: Pi0Spec, env_action_dim: int, actions_per_chunk: int) -> Tensor:
+    """bool[H, D]: where a chunk's log-prob counts, the played steps of the horizon and the robot's action dims."""
+    played = torch.arange(spec.action_horizon) < actions_per_chunk
+    return action_mask(spec.action_horizon, spec.action_dim, env_action_dim) & played[:, None]
+
+
+def one_stochastic_step(step: Tensor, num_steps: int) -> Tensor:
+    """bool[B, K]: True at each row's stochastic step `step` int64[B]."""
+    return F.one_hot(step, num_steps).bool()
 
 
 class Pi0Decoder:
-    """A batch of `Pi0Inputs` -> (tokens, logprobs, actions) of one chunk, noise-free (module docstring)."""
+    """A batch of `Pi0Inputs` -> (tokens, logprobs, actions, sampled) of one chunk: noise-free, or a Flow-SDE chain
+    (module docstring)."""
 
-    def __init__(self, normalizer: Pi0Normalizer | None, env_action_dim: int, actions_per_chunk: int):
+    def __init__(self, normalizer: Pi0Normalizer | None, env_action_dim: int, actions_per_chunk: int,
+                 noise_level: float = 0.5):
         self.normalizer, self.env_action_dim, self.actions_per_chunk = normalizer, env_action_dim, actions_per_chunk
+        self.noise_level = noise_level
 
     def normalized_actions(self, policy: nn.Module, batch: Pi0Inputs, generator: torch.Generator) -> torch.Tensor:
         """`Pi0Policy.sample_actions` from noise drawn with `generator`: float32 [B, H, action_dim], normalised."""
@@ -94,16 +146,62 @@ class Pi0Decoder:
         actions = normalized if self.normalizer is None else self.normalizer.unnormalize("actions", normalized)
         return np.asarray(actions[:, : self.actions_per_chunk, : self.env_action_dim], dtype=np.float64)
 
+    def sample_chain(self, policy: Pi0Policy, batch: Pi0Inputs, generator: torch.Generator) -> tuple[FlowChain, Tensor]:
+        """A Flow-SDE chain per row with one stochastic step, drawn with `generator` (the noise, then the steps, then
+        the steps' draws), and the steps int64[B]."""
+        rows, device, steps = len(batch.state), batch.state.device, policy.spec.num_steps
+        noise = policy.sample_noise(rows, device, generator)
+        step = torch.randint(steps, (rows,), generator=generator, device=device)
+        mask = chunk_mask(policy.spec, self.env_action_dim, self.actions_per_chunk).to(device)
+        chain = policy.sample_chain(batch, noise, self.noise_level, generator=generator,
+                                    stochastic=one_stochastic_step(step, steps), mask=mask)
+        return chain, step
+
     @torch.no_grad()
     def decode(self, policy: nn.Module, batch: Pi0Inputs, temperature: float, greedy: bool,
-               generator: torch.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(tokens float32[B, chunk*env_action_dim]: the played normalised actions; logprobs: zeros of that shape;
-        actions float64[B, chunk, env_action_dim]). Only the noise-free decode exists (`greedy`)."""
-        del temperature  # the ODE has none
-        if not greedy:
-            raise NotImplementedError("π0 / π0.5 decode noise-free only (evaluation); the stochastic denoising "
-                                      "chain RL samples (Flow-SDE) is not wired into the rollout engine yet")
-        normalized = self.normalized_actions(policy, batch, generator).cpu().numpy()
+               generator: torch.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """(tokens float32[B, chunk*env_action_dim]: the played normalised actions; logprobs float32[B, 1]: the
+        chunk's; actions float64[B, chunk, env_action_dim]; sampled: the chain's record, empty noise-free).
+        `greedy`: noise-free (evaluation), else a Flow-SDE chain (RL)."""
+        del temperature  # the noise level plays its part
+        assert isinstance(policy, Pi0Policy)
+        if greedy:
+            normalized_t, logprobs, sampled = self.normalized_actions(policy, batch, generator), None, {}
+        else:
+            chain, step = self.sample_chain(policy, batch, generator)
+            normalized_t, logprobs = chain.actions, chain.logprobs.sum(dim=1, keepdim=True)
+            level = np.full(len(step), self.noise_level, dtype=np.float32)
+            sampled = {"chain": chain.chain.cpu().numpy(), "step": step.cpu().numpy(), "noise_level": level}
+        normalized = normalized_t.cpu().numpy()
         played = normalized[:, : self.actions_per_chunk, : self.env_action_dim]
         tokens = np.ascontiguousarray(played.reshape(len(played), -1), dtype=np.float32)
-        return tokens, np.zeros_like(tokens), self.env_chunk(normalized)
+        logprobs_np = np.zeros((len(tokens), 1), np.float32) if logprobs is None else logprobs.float().cpu().numpy()
+        return tokens, logprobs_np, self.env_chunk(normalized), sampled
+
+
+class Pi0Scorer:
+    """The actor's side of the chain (`ChunkScorer`): a recorded chunk's log-prob again, with gradients, as the
+    rollout computed it (`Pi0Policy.chain_logprobs` on the stochastic step, summed over `chunk_mask`), and the
+    entropy of that step's Gaussian over the same elements."""
+
+    def __init__(self, spec: Pi0Spec, env_action_dim: int, actions_per_chunk: int):
+        self.spec, self.mask = spec, chunk_mask(spec, env_action_dim, actions_per_chunk)
+
+    def logprobs(self, forward: Callable[..., Tensor], inputs: Pi0Prepared, sampled: dict[str, Tensor],
+                 device: torch.device) -> tuple[Tensor, Tensor]:
+        """(log-probs float32[B, 1], entropy float32[B, 1]) of the recorded chains."""
+        chain, step = sampled["chain"].to(device), sampled["step"].to(device)
+        level = sampled["noise_level"].to(device)
+        mask = self.mask.to(device)
+        steps = forward(inputs.on(device), chain=chain, noise_level=level,
+                        stochastic=one_stochastic_step(step, chain.shape[1] - 1), mask=mask)
+        return steps.sum(dim=1, keepdim=True), self.entropy(step, level, chain.shape[1] - 1, mask)
+
+    @staticmethod
+    def entropy(step: Tensor, level: Tensor, num_steps: int, mask: Tensor) -> Tensor:
+        """The stochastic step's Gaussian entropy float32[B, 1], summed over the mask's elements (it depends on the
+        step's time and the noise level, not on the weights)."""
+        times, dt = euler_times(num_steps, step.device)
+        std = sde_sigma(times[step], dt, level) * dt.abs().sqrt()
+        per_element = 0.5 * (1.0 + math.log(2.0 * math.pi)) + torch.log(std)
+        return (per_element * mask.sum()).float()[:, None]

@@ -6,8 +6,9 @@ slots, and the norm stats its states and actions are normalised with (made from 
 What fits an env: the env's action and proprio sizes at most the model's action size (a robot's vectors are
 zero-padded to it), at most `num_images` cameras (the first ones, primary first; slots left over are masked). What
 fits demonstrations: a horizon no longer than the shortest episode (its chunks would be mostly padding), prompts
-within the budget. The rollout engine decodes it for evaluation (`processor`, `chunk_decoder`: `models/pi0/rollout.py`,
-noise-free); RL does not train this family yet (`training_problems`).
+within the budget. The rollout engine decodes it (`processor`, `chunk_decoder`: `models/pi0/rollout.py`): noise-free
+for evaluation, a Flow-SDE chain of noise level `noise_level` for RL, whose chunks the actor scores again
+(`chunk_scorer`); GRPO trains it, PPO not yet (no value head on the prefix: `training_problems`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # the model imports transformers' SigLIP: checking a policy a
 
     from vla_scale.models.pi0.demonstrations import Pi0Demonstrations
     from vla_scale.models.pi0.policy import Pi0Policy
-    from vla_scale.models.pi0.rollout import Pi0Decoder, Pi0Processor
+    from vla_scale.models.pi0.rollout import Pi0Decoder, Pi0Processor, Pi0Scorer
 
 
 class Pi0Source:
@@ -47,6 +48,8 @@ class Pi0Source:
         """The asset id whose norm stats the weights' folder was read with (`asset_id` is the stats in use)."""
         self._actions_per_chunk = actions_per_chunk
         self._policy: Pi0Policy | None = None
+        self.noise_level = 0.5
+        """RL's Flow-SDE noise level (`model.pi0.noise_level`)."""
 
     @classmethod
     def fresh(cls, spec: Pi0Spec, tokenizer_file: str, env: str, source: str) -> Pi0Source:
@@ -98,11 +101,12 @@ class Pi0Source:
     def rollout_problems(self) -> list[str]:
         return []
 
-    def training_problems(self) -> list[str]:
-        return [f"{self.source} is a {'π0.5' if self.spec.pi05 else 'π0'} policy: RL of flow-matching policies is "
-                "not written yet (the rollout engine decodes them noise-free only, for launch/eval.py; the sampled "
-                "Flow-SDE chain with its log-probs and the actor's update on it are missing); fine-tune it with "
-                "launch/sft.py and evaluate it with launch/eval.py"]
+    def training_problems(self, critic: bool = False) -> list[str]:
+        """GRPO trains it; PPO's critic (a value head on the PaLiGemma prefix) is not written yet."""
+        if not critic:
+            return []
+        return [f"{self.source} is a {'π0.5' if self.spec.pi05 else 'π0'} policy: PPO's critic for flow-matching "
+                "policies (a value head on the prefix) is not written yet; train it with algo=grpo"]
 
     def recording_problems(self) -> list[str]:
         return [f"record.path replays each episode from the chunks the policy decoded, which {self.source} does not "
@@ -132,7 +136,23 @@ class Pi0Source:
         """What the rollout engine decodes a batch with: noise-free `sample_actions`, un-normalised and cut."""
         from vla_scale.models.pi0.rollout import Pi0Decoder
 
-        return Pi0Decoder(self.normalizer(), simulator(self.env).action_dim, self.actions_per_chunk)
+        return Pi0Decoder(self.normalizer(), simulator(self.env).action_dim, self.actions_per_chunk,
+                          self.noise_level)
+
+    def chunk_scorer(self) -> Pi0Scorer:
+        """What the actor scores the rollout's chains with: their log-probs again, with gradients."""
+        from vla_scale.models.pi0.rollout import Pi0Scorer
+
+        return Pi0Scorer(self.spec, simulator(self.env).action_dim, self.actions_per_chunk)
+
+    def unfilled_policy(self) -> Pi0Policy:
+        """A policy of the spec without initialising its weights: the trainer's engine, which the first sync fills."""
+        from transformers import initialization
+
+        from vla_scale.models.pi0.policy import Pi0Policy
+
+        with initialization.no_init_weights():
+            return Pi0Policy(self.spec)
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
         """The decoded actions in the env's convention: they are already (openpi's outputs are played as they
@@ -186,8 +206,10 @@ class Pi0Source:
         """This source with norm stats of the demonstrations' states and actions under `key` (the asset id)."""
         stats = {"state": norm_stats_of(np.concatenate([e.state for e in episodes])),
                  "actions": norm_stats_of(np.concatenate([e.actions for e in episodes]))}
-        return Pi0Source(self.spec, self.tokenizer, self.env, f"{self.source} + norm stats {key!r}", stats, key,
-                         self.weights, self.weights_asset, self._actions_per_chunk)
+        source = Pi0Source(self.spec, self.tokenizer, self.env, f"{self.source} + norm stats {key!r}", stats, key,
+                           self.weights, self.weights_asset, self._actions_per_chunk)
+        source.noise_level = self.noise_level
+        return source
 
     def demonstrations(self, episodes: Sequence[Episode]) -> Pi0Demonstrations:
         from vla_scale.models.pi0.demonstrations import Pi0Demonstrations
@@ -212,6 +234,13 @@ class Pi0Source:
             copy_tensors(policy, ((n, t) for n, t in state.items() if n in names), zero3_init)
         return policy
 
+    def identity_stats(self) -> dict[str, NormStats]:
+        """Statistics that leave states and actions as they are (up to openpi's 1e-6 on the divisor): what a folder
+        of a policy without norm stats (a fresh one that RL trained) is written with."""
+        zeros, ones = np.zeros(self.spec.action_dim), np.ones(self.spec.action_dim)
+        same = NormStats(mean=zeros, std=ones, q01=-ones, q99=ones)
+        return {"state": same, "actions": same}
+
     def write_folder(self, module: nn.Module, tensors: dict[str, Tensor], folder: str) -> None:
         """The gathered `tensors` as an openpi-layout folder with the norm stats and the tokenizer file
         (`models/pi0/checkpoint.write_pi0_folder`)."""
@@ -223,5 +252,6 @@ class Pi0Source:
         policy = Pi0Policy(self.spec)
         with torch.no_grad():
             policy.load_openpi_state_dict({k: v.float() for k, v in tensors.items()})
-        write_pi0_folder(folder, policy, self.norm_stats or {}, tokenizer_file=str(self.tokenizer.path),
-                         layout="openpi", asset_id=self.asset_id or "demonstrations")
+        stats = self.norm_stats or self.identity_stats()
+        write_pi0_folder(folder, policy, stats, tokenizer_file=str(self.tokenizer.path), layout="openpi",
+                         asset_id=self.asset_id or "demonstrations")

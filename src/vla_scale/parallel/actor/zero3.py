@@ -28,7 +28,7 @@ from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan, with_critic_tar
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig, SftConfig
 from vla_scale.models.checkpoint_io import copy_tensors
 from vla_scale.models.critic import PolicyWithValue, ValueHead, read_value_head, value_head_file
-from vla_scale.models.interface import SupervisedBatch
+from vla_scale.models.interface import ChunkScorer, SupervisedBatch
 from vla_scale.models.lora import add_adapters
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.models.processor import PreparedInputs
@@ -144,12 +144,14 @@ class Actor:
     supervised step, log-probs."""
 
     def __init__(self, build: Callable[[bool], OFTPolicy], ds: DeepSpeedConfig, algo: Training,
-                 lora: LoraConfig | None = None, critic_from: str = ""):
+                 lora: LoraConfig | None = None, critic_from: str = "", scorer: ChunkScorer | None = None):
         """`build(zero3_init)` constructs the policy; it is called inside `deepspeed.zero.Init` for ZeRO-3. With
         `lora.rank` > 0 the policy gets adapters and only they train (`models/lora.py`). With a critic
         (`algo.has_critic`) a value head trains beside the policy (beside the adapters with LoRA), its weights read
         from `critic_from`'s `value_head.safetensors` when that checkpoint folder has one, else fresh
-        (`critic_source` says which)."""
+        (`critic_source` says which). `scorer`: the family's way to score its recorded chunks again
+        (`PolicySource.chunk_scorer()`; π0: the Flow-SDE chain's log-prob), None: the policy's head and its
+        `distribution` (OFT)."""
         import deepspeed  # seconds to import: only when an actor is built, after every check of the run
         from deepspeed.utils import set_z3_leaf_modules
 
@@ -180,6 +182,9 @@ class Actor:
         module = policy if head is None else PolicyWithValue(policy, head)
         self.engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.ds_config)
         self.has_critic = head is not None
+        self.scorer = scorer
+        if scorer is not None and self.has_critic:
+            raise ValueError("a family's chunk scorer trains without a critic (GRPO) only")
         self.zero_stage = ds.zero_stage
         self.checkpointing = ds.activation_checkpointing
         self.states_offloaded = False
@@ -293,7 +298,7 @@ class Actor:
                 return _Proximal([micro.rollout_logprobs for micro in mini.micro_batches])
             if first and self.algo.old_logprobs_from_update:
                 return _Proximal([None] * len(mini.micro_batches))
-            return _Proximal([self.logprobs(micro.inputs, micro.tokens) for micro in mini.micro_batches])
+            return _Proximal([self._old_logprobs(micro) for micro in mini.micro_batches])
         proximal = _Proximal([])
         for micro in mini.micro_batches:
             logprobs, values = self._logprobs_and_values(micro)
@@ -349,8 +354,7 @@ class Actor:
         for index, micro in enumerate(mini.micro_batches):
             share = int(micro.mask.sum()) / tokens_total
             self.engine.set_gradient_accumulation_boundary(index == len(mini.micro_batches) - 1)
-            logits, values = self._train_forward(micro, warmup)  # the head's distribution parameters; the values
-            logprobs = self.policy.distribution.logprobs(logits, micro.tokens.to(self.device), self.algo.temperature)
+            logprobs, entropy_of, values = self._train_logprobs(micro, warmup)
             given = old[index]
             old_lp = logprobs.detach() if given is None else given.to(self.device)
             stats.old.append(old_lp.float().cpu())
@@ -371,8 +375,7 @@ class Actor:
             self.engine.backward(loss, scale_wrt_gas=False)
             self.engine.step()
             with torch.no_grad():
-                entropy = self.policy.distribution.entropy(logits.detach(), self.algo.temperature)
-                entropy = entropy[mask].mean().nan_to_num().item()
+                entropy = entropy_of()[mask].mean().nan_to_num().item()
             stats.clip_frac += info["clip_frac"] * share
             stats.approx_kl += info["approx_kl"] * share
             stats.entropy += entropy * share
@@ -380,6 +383,27 @@ class Actor:
             self._states_stream.wait()  # the last sub-groups' states have reached the host buffers
         stats.grad_norm = float(self.engine.get_global_grad_norm() or 0.0)
         return stats
+
+    def _train_logprobs(self, micro: MicroBatch, warmup: bool
+                        ) -> tuple[torch.Tensor, Callable[[], torch.Tensor], torch.Tensor | None]:
+        """The update forward's log-probs of the micro-batch's recorded samples (with gradients), how to read their
+        entropy (no gradient; after the step) and, with a critic, the values: the family's scorer, else the head's
+        distribution over the tokens."""
+        if self.scorer is not None:
+            logprobs, entropy = self.scorer.logprobs(self.engine, micro.inputs, _sampled(micro), self.device)
+            return logprobs, entropy.detach, None
+        logits, values = self._train_forward(micro, warmup)  # the head's distribution parameters; the values
+        logprobs = self.policy.distribution.logprobs(logits, micro.tokens.to(self.device), self.algo.temperature)
+        return logprobs, lambda: self.policy.distribution.entropy(logits.detach(), self.algo.temperature), values
+
+    @torch.no_grad()
+    def _old_logprobs(self, micro: MicroBatch) -> torch.Tensor:
+        """The actor's log-probs of the micro-batch's recorded samples before the update (no gradient), float32 on
+        the CPU: the family's scorer, else `logprobs` of the tokens."""
+        if self.scorer is None:
+            return self.logprobs(micro.inputs, micro.tokens)
+        logprobs, _ = self.scorer.logprobs(self.engine, micro.inputs, _sampled(micro), self.device)
+        return logprobs.float().cpu()
 
     def _train_forward(self, micro: MicroBatch, warmup: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The update forward: the head's distribution parameters and, with a critic, the values (the backbone
@@ -461,3 +485,10 @@ class Actor:
         if self.streams_states and self._state_holder is not None:
             self._state_holder.offload()  # the loaded states, wherever the load put them, into the host buffers
         return client_state
+
+
+def _sampled(micro: MicroBatch) -> dict[str, torch.Tensor]:
+    """The family's record of the micro-batch's samples, which a scorer needs."""
+    if micro.sampled is None:
+        raise ValueError("the rollout recorded no samples for the family's scorer (Decoded.sampled was empty)")
+    return micro.sampled

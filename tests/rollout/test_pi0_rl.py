@@ -1,0 +1,56 @@
+"""π0's RL rollout through the one interface: with `greedy=False` the engine's decoder samples a Flow-SDE chain (one
+stochastic step per chunk, from the engine's seeded generator) and records it in `Decoded.sampled`; the source's
+scorer, what the actor's update calls, gives the chunk's log-prob again, equal to the rollout's, with gradients."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from test_pi0_decode import _observations, write_tiny_pi0
+
+from vla_scale.batches import logprob_mask
+from vla_scale.config import ModelConfig
+from vla_scale.models.pi0.source import Pi0Source
+from vla_scale.rollout.engine import RolloutEngine
+
+
+def _decoded(source: Pi0Source, seed: int = 3):
+    observations = _observations(3)
+    images, proprio = source.processor.prepare(observations)
+    prepared = source.processor.encode(images, [o.instruction for o in observations], proprio)
+    engine = RolloutEngine(source.policy, "cpu", seed=seed, decoder=source.chunk_decoder())
+    return prepared, engine.decode(prepared.on("cpu"), temperature=1.0, greedy=False)
+
+
+def test_the_rollouts_chunk_logprob_is_scored_again_with_gradients(tmp_path: Path) -> None:
+    for pi05 in (False, True):
+        source = Pi0Source.from_folder(str(write_tiny_pi0(tmp_path / f"pi05_{pi05}", pi05)), "pick_place")
+        source.noise_level = 0.7
+        spec = source.spec
+        prepared, decoded = _decoded(source)
+        chain, step, level = (decoded.sampled[k] for k in ("chain", "step", "noise_level"))
+        assert chain.shape == (3, spec.num_steps + 1, spec.action_horizon, spec.action_dim)
+        assert step.shape == (3,) and ((step >= 0) & (step < spec.num_steps)).all()
+        assert level.tolist() == [np.float32(0.7)] * 3
+        assert decoded.logprobs.shape == (3, 1) and np.isfinite(decoded.logprobs).all() and decoded.logprobs.any()
+        np.testing.assert_array_equal(decoded.tokens.reshape(3, -1, 7), chain[:, -1, :, :7])
+        _, again = _decoded(source)  # the same seed, the same chain
+        np.testing.assert_array_equal(again.sampled["chain"], chain)
+
+        policy = source.new_policy()  # the actor's copy: the same weights, trainable
+        sampled = {k: torch.from_numpy(v) for k, v in decoded.sampled.items()}
+        logprobs, entropy = source.chunk_scorer().logprobs(policy, prepared, sampled, torch.device("cpu"))
+        assert logprobs.shape == entropy.shape == (3, 1)
+        torch.testing.assert_close(logprobs.detach(), torch.from_numpy(decoded.logprobs), rtol=0, atol=1e-4)
+        logprobs.sum().backward()
+        grads = [p.grad for p in policy.parameters() if p.grad is not None]
+        assert grads and any(bool(g.abs().sum() > 0) for g in grads)
+
+
+def test_a_chunk_level_record_is_masked_per_chunk() -> None:
+    model = ModelConfig(chunk_len=4, action_dim=7)
+    executed = torch.tensor([4, 2, 0])
+    assert logprob_mask(executed, 1, model).tolist() == [[True], [True], [False]]
+    assert logprob_mask(executed, 28, model).shape == (3, 28)
