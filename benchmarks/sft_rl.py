@@ -35,9 +35,15 @@ RECIPE = {"demos": 320, "noise": 0.0, "start_spread": 0.15, "first_steps": 8, "s
 """The sizes docs/performance.md's table was measured with: one noise-free demonstration per task and TRAIN init
 state (4 x 80), the gripper starting within 0.15 m of the table's centre; 1000 SFT steps of 64 examples on the first
 8 steps of each demonstration, then 1000 on whole demonstrations; 200 PPO steps."""
-POLICY = ["model=tiny_pick_place", "model.attention=bidirectional", "model.use_film=true"]
-"""The tiny policy with every position attending to every other and the vision FiLMed by the prompt: the two let
-the image patches read the instruction (docs/performance.md, "Where the cube's word is needed")."""
+POLICIES = {
+    "oft": ["model=tiny_pick_place", "model.attention=bidirectional", "model.use_film=true"],
+    "pi0": ["model=pi0_tiny", f"model.pi0.tokenizer={ROOT / 'tests/fixtures/openpi_reference/tokenizer.model'}",
+            "model.pi0.max_token_len=24", "model.pi0.image_size=32", "model.pi0.patch_size=8"],
+}
+"""The policy of each family (`--family`). OFT: the tiny policy with every position attending to every other and
+the vision FiLMed by the prompt, the two letting the image patches read the instruction (docs/performance.md, "Where
+the cube's word is needed"). π0: the tiny π0 (two 2-layer Gemmas) with 16 patches of 8 px per 32 px image, the
+parity fixture's SentencePiece model and room for pick_place's prompts."""
 RL = {"ppo": ["algo=ppo", "algo.mini_batches=4", "algo.micro_batches=1", "algo.lr=1e-4", "algo.temperature=1.0",
               "algo.critic.warmup_steps=5"],
       "grpo": ["algo=grpo", "algo.mini_batches=4", "algo.micro_batches=1", "algo.lr=1e-4", "algo.temperature=1.0"]}
@@ -60,11 +66,14 @@ def parse() -> argparse.Namespace:
     p.add_argument("--sft-lr", type=float, default=RECIPE["sft_lr"], help="supervised learning rate")
     p.add_argument("--rl-steps", type=int, default=RECIPE["rl_steps"],
                    help="RL steps from the SFT policy (0: stop after the SFT policy's evaluation)")
+    p.add_argument("--family", choices=sorted(POLICIES), default="oft", help="the policy family")
     p.add_argument("--algo", choices=sorted(RL), default="ppo", help="the RL algorithm")
     p.add_argument("--rl-args", nargs="*", default=[], help="more launch/train.py overrides of the RL run")
     p.add_argument("--sft-from", default="",
                    help="an earlier --out whose demonstrations, SFT policies and their evaluation this run reuses (its "
                         "measured minutes count in each seed's total)")
+    p.add_argument("--demos-from", default="",
+                   help="an earlier --out whose demonstrations this run trains on (instead of recording them)")
     p.add_argument("--out", default="runs/sft_rl", help="where every run of every seed is written")
     p.add_argument("--dry-run", action="store_true", help="toy sizes: the pipeline end to end, not its figures")
     return p.parse_args()
@@ -118,12 +127,15 @@ def supervised(args: argparse.Namespace, seed: int, task: list[str], out: Path) 
         record = json.loads((earlier / "minutes.json").read_text())
         return earlier, (record["sft_success"], record["sft"])
     start = time.perf_counter()
-    run("demonstrate", *task, f"env.pick_place.start_spread={args.start_spread}", f"record.path={out / 'demos'}",
-        f"demo.episodes={args.demos}", f"demo.noise={args.noise}", f"hydra.run.dir={out / 'demonstrate'}")
-    sft = [*task, f"sft.dataset={out / 'demos'}", f"sft.steps={args.sft_steps}", f"sft.lr={args.sft_lr}"]
-    start_from = POLICY
+    demos = Path(args.demos_from) / f"seed_{seed}" / "demos" if args.demos_from else out / "demos"
+    if not args.demos_from:
+        run("demonstrate", *task, f"env.pick_place.start_spread={args.start_spread}", f"record.path={demos}",
+            f"demo.episodes={args.demos}", f"demo.noise={args.noise}", f"hydra.run.dir={out / 'demonstrate'}")
+    sft = [*task, f"sft.dataset={demos}", f"sft.steps={args.sft_steps}", f"sft.lr={args.sft_lr}"]
+    policy = POLICIES[args.family]
+    start_from = policy
     if args.first_steps:
-        run("sft", *sft, *POLICY, f"sft.first_steps={args.first_steps}", f"run_dir={out / 'sft_first'}")
+        run("sft", *sft, *policy, f"sft.first_steps={args.first_steps}", f"run_dir={out / 'sft_first'}")
         start_from = [f"model.checkpoint={out / 'sft_first'}"]
     run("sft", *sft, *start_from, f"run_dir={out / 'sft'}")
     rate = last_value(run("eval", *task, f"model.checkpoint={out / 'sft'}", f"run_dir={out / 'sft_eval'}"),

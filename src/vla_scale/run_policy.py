@@ -256,6 +256,8 @@ def pi0_spec_from_model_config(model: ModelConfig) -> Pi0Spec:
                                    ("max_token_len", p.max_token_len), ("num_steps", p.num_steps),
                                    ("normalization", p.normalization)) if v}
     spec = replace(PI0_PRESETS[p.preset](), **overrides)
+    vision = {k: v for k, v in (("image_size", p.image_size), ("patch_size", p.patch_size)) if v}
+    spec = replace(spec, vision=replace(spec.vision, **vision)) if vision else spec
     check_pi0_spec(spec)
     return spec
 
@@ -285,7 +287,8 @@ def pi0_source_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[
     return source
 
 
-PI0_SHAPE_KEYS = ("preset", "action_horizon", "action_dim", "max_token_len", "normalization")
+PI0_SHAPE_KEYS = ("preset", "action_horizon", "action_dim", "max_token_len", "normalization", "image_size",
+                  "patch_size")
 """`model.pi0.*` keys a checkpoint decides (num_steps, the sampling's, and tokenizer may be set on top of one)."""
 
 

@@ -37,7 +37,7 @@ def checked_policy(cfg: Config, explicit: Collection[str] = (), training: bool =
         raise ConfigError("cannot train the policy with RL:\n  - " + "\n  - ".join(untrainable))
     if cfg.algo.has_critic and not untrainable:  # a checkpoint's value head must fit the critic this run builds
         critic = cfg.algo.critic
-        problems = value_head_problems(vla.weights, vla.spec.llm["hidden_size"], critic.width, critic.position)
+        problems = value_head_problems(vla.weights, vla.value_width, critic.width, critic.position)
         if problems:
             raise ConfigError("the checkpoint's critic does not fit:\n  - " + "\n  - ".join(problems))
     return vla

@@ -37,16 +37,6 @@ def test_a_fresh_pi0_evaluates(tmp_path: Path) -> None:
     assert proc.stdout.strip().splitlines()[-1].startswith("eval: suite=pick_place episodes=2 success_rate=")
 
 
-def test_train_refuses_ppo_for_a_pi0_policy_before_anything_starts(tmp_path: Path) -> None:
-    folder = write_tiny_pi0(tmp_path / "pi0")
-    proc = run_script("train", "env=pick_place", f"model.checkpoint={folder}", "algo=ppo",
-                      f"run_dir={tmp_path / 'run'}", "progress=false", timeout=120)
-    assert proc.returncode != 0
-    assert "cannot train the policy with RL" in proc.stderr and "algo=grpo" in proc.stderr, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "run" / "checkpoints").exists()
-
-
 def test_eval_refuses_to_record_a_pi0_policys_episodes_before_anything_starts(tmp_path: Path) -> None:
     folder = write_tiny_pi0(tmp_path / "pi0")
     proc = run_script("eval", *EVAL, f"model.checkpoint={folder}", f"record.path={tmp_path / 'demos'}",

@@ -53,8 +53,7 @@ def _observations(n: int) -> list[Observation]:
 def test_engine_decode_is_sample_actions_by_hand(tmp_path: Path) -> None:
     for pi05 in (False, True):
         source = Pi0Source.from_folder(str(write_tiny_pi0(tmp_path / f"pi05_{pi05}", pi05)), "pick_place")
-        assert source.rollout_problems() == [] and source.training_problems() == []
-        assert source.training_problems(critic=True)
+        assert source.rollout_problems() == [] == source.training_problems() == source.training_problems(critic=True)
         observations = _observations(3)
         processor = source.processor
         images, proprio = processor.prepare(observations)

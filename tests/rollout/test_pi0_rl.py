@@ -1,6 +1,7 @@
 """π0's RL rollout through the one interface: with `greedy=False` the engine's decoder samples a Flow-SDE chain (one
 stochastic step per chunk, from the engine's seeded generator) and records it in `Decoded.sampled`; the source's
-scorer, what the actor's update calls, gives the chunk's log-prob again, equal to the rollout's, with gradients."""
+scorer, what the actor's update calls, gives the chunk's log-prob again, equal to the rollout's, with gradients, and
+with PPO's value head the values of the PaliGemma prefix from the same pass."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from test_pi0_decode import _observations, write_tiny_pi0
 
 from vla_scale.batches import logprob_mask
 from vla_scale.config import ModelConfig
+from vla_scale.models.critic import PolicyWithValue, ValueHead
 from vla_scale.models.pi0.source import Pi0Source
 from vla_scale.rollout.engine import RolloutEngine
 
@@ -41,7 +43,8 @@ def test_the_rollouts_chunk_logprob_is_scored_again_with_gradients(tmp_path: Pat
 
         policy = source.new_policy()  # the actor's copy: the same weights, trainable
         sampled = {k: torch.from_numpy(v) for k, v in decoded.sampled.items()}
-        logprobs, entropy = source.chunk_scorer().logprobs(policy, prepared, sampled, torch.device("cpu"))
+        logprobs, entropy, values = source.chunk_scorer().logprobs(policy, prepared, sampled, torch.device("cpu"))
+        assert values is None
         assert logprobs.shape == entropy.shape == (3, 1)
         torch.testing.assert_close(logprobs.detach(), torch.from_numpy(decoded.logprobs), rtol=0, atol=1e-4)
         logprobs.sum().backward()
@@ -54,3 +57,32 @@ def test_a_chunk_level_record_is_masked_per_chunk() -> None:
     executed = torch.tensor([4, 2, 0])
     assert logprob_mask(executed, 1, model).tolist() == [[True], [True], [False]]
     assert logprob_mask(executed, 28, model).shape == (3, 28)
+
+
+def test_the_value_head_reads_the_prefix_in_the_scorers_pass(tmp_path: Path) -> None:
+    source = Pi0Source.from_folder(str(write_tiny_pi0(tmp_path / "pi0")), "pick_place")
+    prepared, decoded = _decoded(source)
+    sampled = {k: torch.from_numpy(v) for k, v in decoded.sampled.items()}
+    cpu = torch.device("cpu")
+    for position in ("prompt_last", "action_mean"):
+        policy = source.new_policy()
+        head = ValueHead(source.value_width, 16, position)
+        torch.nn.init.normal_(head.net[-1].weight)  # a trained head's: not the fresh zero
+        model = PolicyWithValue(policy, head)
+        logprobs, _, values = source.chunk_scorer().logprobs(model, prepared, sampled, cpu, detach_backbone=False)
+        alone, _, _ = source.chunk_scorer().logprobs(policy, prepared, sampled, cpu)
+        torch.testing.assert_close(logprobs, alone, rtol=0, atol=0)  # the log-probs as without a critic
+        _, pad, out = policy.prefix_pass(prepared.on(cpu))
+        valid = pad.nonzero()
+        last = [int(valid[valid[:, 0] == b, 1].max()) for b in range(len(pad))]
+        read = out[torch.arange(len(out)), last] if position == "prompt_last" else torch.stack(
+            [out[b, pad[b]].mean(dim=0) for b in range(len(pad))])
+        assert values is not None and values.shape == (3,)
+        torch.testing.assert_close(values, head(read).detach(), rtol=1e-5, atol=1e-6)
+        values.sum().backward()  # the value loss reaches the backbone ...
+        assert policy.paligemma_with_expert.language_model.layers[0].mlp.down_proj.weight.grad.abs().sum() > 0
+        assert policy.action_out_proj.weight.grad is None  # ... through the prefix alone
+        policy.zero_grad(set_to_none=True)
+        _, _, detached = source.chunk_scorer().logprobs(model, prepared, sampled, cpu, detach_backbone=True)
+        detached.sum().backward()
+        assert all(p.grad is None for p in policy.parameters()) and head.net[0].weight.grad is not None

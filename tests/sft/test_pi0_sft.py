@@ -65,13 +65,15 @@ def test_launch_sft_fine_tunes_a_tiny_pi0_and_saves_an_openpi_folder(tmp_path, d
     from vla_scale.models.pi0.checkpoint import read_pi0_folder
 
     run = tmp_path / "run"
-    proc = run_script("sft", *PI0, f"sft.dataset={dataset}", "sft.steps=3", f"run_dir={run}")
+    proc = run_script("sft", *PI0, f"sft.dataset={dataset}", "sft.steps=3", "model.pi0.image_size=32",
+                      "model.pi0.patch_size=8", f"run_dir={run}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resized with padding to 32" in proc.stdout
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("sft: steps=3 loss=") and last.endswith(f"checkpoint={run / 'checkpoints' / 'step_3'}")
     assert np.isfinite(float(last.split("loss=")[1].split()[0]))
-    read = read_pi0_folder(run / "checkpoints" / "step_3")
-    assert read is not None
+    spec = read_pi0_folder(run / "checkpoints" / "step_3")[0]
+    assert (spec.vision.image_size, spec.vision.patch_size) == (32, 8)  # the tower's shape travels with the folder
 
 
 def test_the_flow_loss_falls_on_a_repeated_batch():
@@ -119,6 +121,7 @@ def test_bad_input_is_refused_before_compute(tmp_path, dataset):
     not_sp.write_text("{}")
     assert "is not a readable SentencePiece model" in refused(f"model.pi0.tokenizer={not_sp}")
     assert "set model.pi0.max_token_len=" in refused("model.pi0.max_token_len=12")
+    assert "must be a multiple of patch_size 8" in refused("model.pi0.image_size=30", "model.pi0.patch_size=8")
     empty = tmp_path / "empty"
     empty.mkdir()
     assert f"model.checkpoint='{empty}'" in refused(f"model.checkpoint={empty}")

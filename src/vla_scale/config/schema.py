@@ -53,6 +53,11 @@ class Pi0ModelConfig:
     """Prompt budget in tokens (0: the preset's; openpi: 48 for π0, 200 for π0.5)."""
     num_steps: int = 0
     """Euler steps of the denoising chain when sampling (0: the preset's, 10)."""
+    image_size: int = 0
+    """The SigLIP tower's image side in pixels; cameras are resized with padding to it (0: the preset's; openpi:
+    224, pi0_tiny: 28)."""
+    patch_size: int = 0
+    """The SigLIP tower's patch side in pixels; image_size must be a multiple of it (0: the preset's; openpi: 14)."""
     normalization: str = ""
     """How states and actions are normalised: zscore, quantile or '' (the family's: z-score for π0, quantiles for
     π0.5)."""
@@ -237,7 +242,8 @@ class EnvConfig:
 class CriticConfig:
     position: str = "prompt_last"
     """Where the value head reads the backbone's last hidden state: prompt_last (the row of the last prompt token,
-    which reads the first action slot) or action_mean (the mean over the rows the action slots are read from)."""
+    which reads the first action slot) or action_mean (the mean over the rows the action slots are read from). π0 /
+    π0.5: the PaliGemma prefix's last valid row, or the mean over its valid rows."""
     width: int = 256
     """Hidden width of the value head's MLP (hidden state -> width -> width -> 1, GELU)."""
     detach_backbone: bool = False

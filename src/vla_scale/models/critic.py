@@ -1,25 +1,23 @@
 """The critic of PPO: a value head on the policy's backbone, the module the actor trains when it has one, and the
 value head's file in a checkpoint folder.
 
-The value head is an MLP on the Llama backbone's last hidden state (as RLinf's critic reads OpenVLA-OFT's): at the
-row of the last prompt token (`prompt_last`, the row that reads the first action slot) or averaged over the rows the
-action slots are read from (`action_mean`). `PolicyWithValue` holds the policy and the head as one module, so one
-DeepSpeed engine (one ZeRO-3 partitioning, one optimizer) trains both; the rollout engine, the weight sync and the
-policy's own checkpoint files see the policy alone. A checkpoint folder keeps the head beside the policy as
-`value_head.safetensors` (its position and width in the file's metadata), a file the policy's loaders never read.
+The value head is an MLP on a hidden state the policy gives (`value_features`): OpenVLA-OFT's Llama backbone's last
+hidden state (as RLinf's critic reads it) at the row of the last prompt token (`prompt_last`, the row that reads the
+first action slot) or averaged over the rows the action slots are read from (`action_mean`); π0's PaliGemma prefix
+after its final norm, at the last valid prefix row (`prompt_last`) or averaged over the valid prefix rows
+(`action_mean`: the rows every denoising step attends to). `PolicyWithValue` holds the policy and the head as one
+module, so one DeepSpeed engine (one ZeRO-3 partitioning, one optimizer) trains both; the rollout engine, the weight
+sync and the policy's own checkpoint files see the policy alone. A checkpoint folder keeps the head beside the
+policy as `value_head.safetensors` (its position and width in the file's metadata), a file the policy's loaders
+never read.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import Any
 
-import torch
 from torch import Tensor, nn
-
-if TYPE_CHECKING:  # the configuration's checks import this module's names: no Llama imported for them
-    from vla_scale.models.policy import OFTPolicy, PolicyInputs
-    from vla_scale.models.processor import PreparedInputs
 
 CRITIC_POSITIONS = ("prompt_last", "action_mean")
 """Where the value head reads the backbone (`algo.critic.position`)."""
@@ -42,28 +40,36 @@ class ValueHead(nn.Module):
         nn.init.zeros_(self.net[-1].weight)
         nn.init.zeros_(self.net[-1].bias)
 
-    def read(self, action_rows: Tensor) -> Tensor:
-        """The hidden state the head reads, [B, D], from the action rows' states [B, K, D]: row 0 is the last prompt
-        token's (it reads slot 0)."""
-        return action_rows[:, 0] if self.position == "prompt_last" else action_rows.mean(dim=1)
+    def forward(self, features: Tensor) -> Tensor:
+        """The values float32 [B] of the hidden states [B, D] the policy read at `position`."""
+        return self.net(features).squeeze(-1).float()
 
-    def forward(self, action_rows: Tensor) -> Tensor:
-        return self.net(self.read(action_rows)).squeeze(-1).float()
+
+def read_rows(rows: Tensor, position: str, valid: Tensor | None = None) -> Tensor:
+    """The hidden state [B, D] a value head reads from rows [B, K, D] ordered so that row 0 is `prompt_last`'s:
+    row 0, or the mean over the rows (over those `valid` bool[B, K] marks, when given)."""
+    if position == "prompt_last":
+        return rows[:, 0]
+    if valid is None:
+        return rows.mean(dim=1)
+    weights = valid.to(rows.dtype)[..., None]
+    return (rows * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
 
 
 class PolicyWithValue(nn.Module):
-    """The policy and its value head as the one module the actor's DeepSpeed engine trains."""
+    """The policy and its value head as the one module the actor's DeepSpeed engine trains. The policy's
+    `value_features(*args, position=, **kwargs)` gives its forward's output and the hidden state the head reads, from
+    one backbone pass (OFT: `OFTPolicy.forward`'s distribution parameters; π0: `Pi0Policy.chain_logprobs`'s)."""
 
-    def __init__(self, policy: OFTPolicy, value_head: ValueHead):
+    def __init__(self, policy: nn.Module, value_head: ValueHead):
         super().__init__()
         self.policy, self.value_head = policy, value_head
 
-    def forward(self, inputs: PolicyInputs | PreparedInputs, device: torch.device | None = None, trim: bool = False,
-                detach_backbone: bool = False) -> tuple[Tensor, Tensor]:
-        """(the policy's distribution parameters, as `OFTPolicy.forward` gives them; the values float32 [B]) from one
-        backbone pass. `detach_backbone`: the value loss reaches the value head only."""
-        params, rows = self.policy.head_outputs(inputs, device, trim)
-        return params, self.value_head(rows.detach() if detach_backbone else rows)
+    def forward(self, *args: Any, detach_backbone: bool = False, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        """(the policy's output, the values float32 [B]). `detach_backbone`: the value loss reaches the value head
+        only."""
+        out, features = self.policy.value_features(*args, position=self.value_head.position, **kwargs)
+        return out, self.value_head(features.detach() if detach_backbone else features)
 
 
 def value_head_file(folder: str) -> str | None:

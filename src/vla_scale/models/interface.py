@@ -36,8 +36,10 @@ What the RL update asks of it (`launch/train.py`):
 
     Actor(new_policy, ..., scorer=chunk_scorer())
       scorer.logprobs(forward, inputs, sampled) ->  the recorded chunks' log-probs with gradients (π0: the chain's
-                                                    stochastic step again, `Pi0Policy.chain_logprobs`); None: OFT's
-                                                    head and its `distribution`
+                                                    stochastic step again, `Pi0Policy.chain_logprobs`), with a
+                                                    critic its values from the same pass; None: OFT's head and its
+                                                    `distribution`
+      value_width  --------------------------->  the width of the hidden state a value head reads (PPO)
 
 OFT's loss is the cross-entropy over bins or the L1 regression of its head; π0's is the flow-matching loss masked over
 padded chunk steps and action dimensions (`models/pi0/demonstrations.py`).
@@ -129,10 +131,12 @@ class ChunkDecoder(Protocol):
 class ChunkScorer(Protocol):
     """How the actor scores a family's recorded chunks again (`Actor(scorer=)`; None: OFT's own head)."""
 
-    def logprobs(self, forward: Callable[..., Any], inputs: Any, sampled: dict[str, Tensor], device: torch.device
-                 ) -> tuple[Tensor, Tensor]:
-        """(log-probs float32[B, width], entropy float32[B, width]) of the recorded chunks, with gradients, the
-        policy run through `forward` (the DeepSpeed engine); the width is the rollout's record's."""
+    def logprobs(self, forward: Callable[..., Any], inputs: Any, sampled: dict[str, Tensor], device: torch.device,
+                 **critic: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(log-probs float32[B, width], entropy float32[B, width], values float32[B] or None) of the recorded
+        chunks, with gradients, the policy run through `forward` (the DeepSpeed engine); the width is the rollout's
+        record's. `critic` (`detach_backbone=`) is given when the engine holds a value head beside the policy
+        (`models/critic.PolicyWithValue`): its values come from the same pass."""
         ...
 
 
@@ -149,6 +153,11 @@ class PolicySource(Protocol):
     @property
     def reads_state(self) -> bool:
         """Whether the policy reads the proprio state (the dataset must hold one)."""
+        ...
+
+    @property
+    def value_width(self) -> int:
+        """The width of the hidden state a value head reads (`models/critic.py`)."""
         ...
 
     def camera_resolution(self, env: EnvKeys) -> int: ...

@@ -31,6 +31,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from vla_scale.models.action_heads import ActionLogStd, L1RegressionHead, distribution, executable
 from vla_scale.models.actions import ActionTokenizer, DatasetStats
 from vla_scale.models.checkpoint_io import load_weights, read_proprio_dim, read_spec, save_policy
+from vla_scale.models.critic import read_rows
 from vla_scale.models.processor import ImageTransform, PolicyInputs, PreparedInputs, Processor
 from vla_scale.models.spec import OFTSpec
 from vla_scale.models.vision import VisionBackbone
@@ -315,6 +316,18 @@ class OFTPolicy(nn.Module):
         hidden = self.action_hidden_states(inputs.pixel_values, inputs.input_ids, inputs.attention_mask,
                                            inputs.proprio)
         return (self.bin_logits(hidden) if self.action_head is None else self.head_params(hidden)), hidden
+
+    def value_features(self, inputs: PolicyInputs | PreparedInputs, device: torch.device | None = None,
+                       trim: bool = False, *, position: str) -> tuple[Tensor, Tensor]:
+        """`forward`'s distribution parameters and the hidden state [B, D] a value head reads at `position` from the
+        action rows (`models/critic.py`), from one pass."""
+        params, rows = self.head_outputs(inputs, device, trim)
+        return params, read_rows(rows, position)
+
+    @property
+    def value_width(self) -> int:
+        """The width of the hidden state a value head reads (the Llama backbone's)."""
+        return int(self.spec.llm["hidden_size"])
 
     def head_params(self, hidden: Tensor) -> Tensor:
         """The L1 head's Gaussian [B, K, 2] (mean, log-std) from the action rows' hidden states [B, K, D]."""

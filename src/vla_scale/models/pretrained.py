@@ -184,6 +184,10 @@ class PretrainedVLA:
     def reads_state(self) -> bool:
         return bool(self.spec.use_proprio)
 
+    @property
+    def value_width(self) -> int:
+        return int(self.spec.llm["hidden_size"])
+
     def rollout_problems(self) -> list[str]:
         return []
 

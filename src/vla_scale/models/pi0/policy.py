@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vla_scale.algo.flow_sde import euler_times, gaussian_logprob, sde_transition
+from vla_scale.models.critic import read_rows
 from vla_scale.models.pi0.backbone import KVCache, PaliGemmaWithExpert, Streams
 from vla_scale.models.pi0.gemma import MASKED, AdaRMSNorm
 from vla_scale.models.pi0.spec import Pi0Spec, check_spec, spec_from_openpi
@@ -221,12 +222,19 @@ class Pi0Policy(nn.Module):
     # ---- sampling ---------------------------------------------------------------------------------------------------
     def prefix_cache(self, inputs: Pi0Inputs) -> tuple[KVCache, Tensor]:
         """Every layer's keys and values of the prefix, and its pad mask: what every denoising step attends to."""
+        cache, pad, _ = self.prefix_pass(inputs)
+        return cache, pad
+
+    def prefix_pass(self, inputs: Pi0Inputs) -> tuple[KVCache, Tensor, Tensor]:
+        """`prefix_cache`'s cache and pad mask, and the prefix's hidden states [B, T, width] after PaliGemma's final
+        norm (what a value head reads)."""
         prefix, pad, blocks = self.embed_prefix(inputs)
         streams = Streams(prefix=prefix.to(self.compute_dtype), suffix=None,
                           mask=additive(attention_allowed(pad, blocks.long())),
                           positions=torch.cumsum(pad, dim=1) - 1)
-        _, _, cache = self.paligemma_with_expert.run(streams, keep_cache=True)
-        return cache, pad
+        out, _, cache = self.paligemma_with_expert.run(streams, keep_cache=True)
+        assert out is not None
+        return cache, pad, out
 
     def denoise_step(self, state: Tensor, prefix_pad: Tensor, cache: KVCache, x_t: Tensor, time: Tensor) -> Tensor:
         """The velocity float32[B, H, action_dim] at (x_t, time [B]), the suffix attending to the prefix's cache."""
@@ -298,12 +306,34 @@ class Pi0Policy(nn.Module):
         stochastic steps of every example (`stochastic` bool[B, K], default all; the others are 0) run as one
         batch of suffix passes, each row attending to its example's cached prefix (the cache rows are gathered,
         a copy per step: the memory of K separate passes, in one)."""
+        cache, prefix_pad, _ = self.prefix_pass(inputs)
+        return self._steps_logprobs(inputs, cache, prefix_pad, chain, noise_level, stochastic, mask)
+
+    def value_features(self, inputs: Pi0Inputs, *, position: str, chain: Tensor, noise_level: float | Tensor,
+                       stochastic: Tensor | None = None, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """`chain_logprobs` and, from the same prefix pass, the hidden state [B, width] a value head reads
+        (`models/critic.py`): the last valid prefix row's (`prompt_last`; the prompt's last token) or the mean over
+        the valid prefix rows (`action_mean`: the rows every denoising step attends to)."""
+        cache, pad, out = self.prefix_pass(inputs)
+        steps = self._steps_logprobs(inputs, cache, pad, chain, noise_level, stochastic, mask)
+        if position == "prompt_last":
+            last = (pad.long() * torch.arange(pad.shape[1], device=pad.device)).argmax(dim=1)
+            return steps, out[torch.arange(len(out), device=out.device), last]
+        return steps, read_rows(out, position, valid=pad)
+
+    @property
+    def value_width(self) -> int:
+        """The width of the hidden state a value head reads (PaliGemma's Gemma)."""
+        return self.spec.paligemma.width
+
+    def _steps_logprobs(self, inputs: Pi0Inputs, cache: KVCache, prefix_pad: Tensor, chain: Tensor,
+                        noise_level: float | Tensor, stochastic: Tensor | None, mask: Tensor | None) -> Tensor:
+        """`chain_logprobs` on a prefix already run."""
         batch, steps = chain.shape[0], chain.shape[1] - 1
         rows, ks = _steps_chosen(stochastic, batch, steps, chain.device).nonzero(as_tuple=True)
         out = torch.zeros(batch, steps, dtype=torch.float32, device=chain.device)
         if rows.numel() == 0:
             return out
-        cache, prefix_pad = self.prefix_cache(inputs)
         cache = [(keys[rows], values[rows]) for keys, values in cache]
         times, dt = euler_times(steps, chain.device)
         x_t = chain[rows, ks]

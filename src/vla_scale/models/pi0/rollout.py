@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -187,15 +188,18 @@ class Pi0Scorer:
     def __init__(self, spec: Pi0Spec, env_action_dim: int, actions_per_chunk: int):
         self.spec, self.mask = spec, chunk_mask(spec, env_action_dim, actions_per_chunk)
 
-    def logprobs(self, forward: Callable[..., Tensor], inputs: Pi0Prepared, sampled: dict[str, Tensor],
-                 device: torch.device) -> tuple[Tensor, Tensor]:
-        """(log-probs float32[B, 1], entropy float32[B, 1]) of the recorded chains."""
+    def logprobs(self, forward: Callable[..., Any], inputs: Pi0Prepared, sampled: dict[str, Tensor],
+                 device: torch.device, **critic: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(log-probs float32[B, 1], entropy float32[B, 1], the values float32[B] or None) of the recorded chains.
+        `critic` (`detach_backbone=`) is given when `forward` is a policy with a value head, whose values come from
+        the same prefix pass."""
         chain, step = sampled["chain"].to(device), sampled["step"].to(device)
         level = sampled["noise_level"].to(device)
         mask = self.mask.to(device)
-        steps = forward(inputs.on(device), chain=chain, noise_level=level,
-                        stochastic=one_stochastic_step(step, chain.shape[1] - 1), mask=mask)
-        return steps.sum(dim=1, keepdim=True), self.entropy(step, level, chain.shape[1] - 1, mask)
+        out = forward(inputs.on(device), chain=chain, noise_level=level,
+                      stochastic=one_stochastic_step(step, chain.shape[1] - 1), mask=mask, **critic)
+        steps, values = out if critic else (out, None)
+        return steps.sum(dim=1, keepdim=True), self.entropy(step, level, chain.shape[1] - 1, mask), values
 
     @staticmethod
     def entropy(step: Tensor, level: Tensor, num_steps: int, mask: Tensor) -> Tensor:

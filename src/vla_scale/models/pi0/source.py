@@ -8,7 +8,7 @@ zero-padded to it), at most `num_images` cameras (the first ones, primary first;
 fits demonstrations: a horizon no longer than the shortest episode (its chunks would be mostly padding), prompts
 within the budget. The rollout engine decodes it (`processor`, `chunk_decoder`: `models/pi0/rollout.py`): noise-free
 for evaluation, a Flow-SDE chain of noise level `noise_level` for RL, whose chunks the actor scores again
-(`chunk_scorer`); GRPO trains it, PPO not yet (no value head on the prefix: `training_problems`).
+(`chunk_scorer`); GRPO and PPO train it (PPO's value head reads the PaliGemma prefix, `value_width` wide).
 """
 
 from __future__ import annotations
@@ -89,6 +89,10 @@ class Pi0Source:
     def reads_state(self) -> bool:
         return not self.spec.pi05 or self.spec.state_in_prompt
 
+    @property
+    def value_width(self) -> int:
+        return self.spec.paligemma.width
+
     def camera_resolution(self, env: EnvKeys) -> int:
         return env.camera_resolution or self.spec.vision.image_size
 
@@ -102,11 +106,8 @@ class Pi0Source:
         return []
 
     def training_problems(self, critic: bool = False) -> list[str]:
-        """GRPO trains it; PPO's critic (a value head on the PaLiGemma prefix) is not written yet."""
-        if not critic:
-            return []
-        return [f"{self.source} is a {'π0.5' if self.spec.pi05 else 'π0'} policy: PPO's critic for flow-matching "
-                "policies (a value head on the prefix) is not written yet; train it with algo=grpo"]
+        """GRPO and PPO train it (PPO's value head reads the PaliGemma prefix: `Pi0Policy.value_features`)."""
+        return []
 
     def recording_problems(self) -> list[str]:
         return [f"record.path replays each episode from the chunks the policy decoded, which {self.source} does not "

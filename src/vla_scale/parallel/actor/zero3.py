@@ -183,8 +183,6 @@ class Actor:
         self.engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.ds_config)
         self.has_critic = head is not None
         self.scorer = scorer
-        if scorer is not None and self.has_critic:
-            raise ValueError("a family's chunk scorer trains without a critic (GRPO) only")
         self.zero_stage = ds.zero_stage
         self.checkpointing = ds.activation_checkpointing
         self.states_offloaded = False
@@ -196,7 +194,7 @@ class Actor:
     @staticmethod
     def _value_head(policy: OFTPolicy, algo: AlgoConfig) -> ValueHead:
         """A fresh value head on `policy`'s backbone (DeepSpeed gives it the engine's dtype, as the policy's)."""
-        return ValueHead(policy.spec.llm["hidden_size"], algo.critic.width, algo.critic.position)
+        return ValueHead(policy.value_width, algo.critic.width, algo.critic.position)
 
     @staticmethod
     def _load_value_head(head: ValueHead, folder: str, zero3: bool) -> str:
@@ -309,7 +307,12 @@ class Actor:
     @torch.no_grad()
     def _logprobs_and_values(self, micro: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The actor's log-probs of the micro-batch's tokens and the critic's values of its rows, float32 on the
-        host, from one forward."""
+        host, from one forward (the family's scorer's, else the head's)."""
+        if self.scorer is not None:
+            logprobs, _, values = self.scorer.logprobs(self.engine, micro.inputs, _sampled(micro), self.device,
+                                                       detach_backbone=False)
+            assert values is not None
+            return logprobs.float().cpu(), values.float().cpu()
         params, values = self.engine(micro.inputs, device=self.device, trim=self.trim)
         logprobs = self.policy.distribution.logprobs(params, micro.tokens.to(self.device), self.algo.temperature)
         return logprobs.float().cpu(), values.float().cpu()
@@ -390,8 +393,10 @@ class Actor:
         entropy (no gradient; after the step) and, with a critic, the values: the family's scorer, else the head's
         distribution over the tokens."""
         if self.scorer is not None:
-            logprobs, entropy = self.scorer.logprobs(self.engine, micro.inputs, _sampled(micro), self.device)
-            return logprobs, entropy.detach, None
+            critic = {"detach_backbone": self._detach_backbone(warmup)} if self.has_critic else {}
+            logprobs, entropy, values = self.scorer.logprobs(self.engine, micro.inputs, _sampled(micro), self.device,
+                                                             **critic)
+            return logprobs, entropy.detach, values
         logits, values = self._train_forward(micro, warmup)  # the head's distribution parameters; the values
         logprobs = self.policy.distribution.logprobs(logits, micro.tokens.to(self.device), self.algo.temperature)
         return logprobs, lambda: self.policy.distribution.entropy(logits.detach(), self.algo.temperature), values
@@ -402,7 +407,8 @@ class Actor:
         the CPU: the family's scorer, else `logprobs` of the tokens."""
         if self.scorer is None:
             return self.logprobs(micro.inputs, micro.tokens)
-        logprobs, _ = self.scorer.logprobs(self.engine, micro.inputs, _sampled(micro), self.device)
+        critic = {"detach_backbone": False} if self.has_critic else {}
+        logprobs, _, _ = self.scorer.logprobs(self.engine, micro.inputs, _sampled(micro), self.device, **critic)
         return logprobs.float().cpu()
 
     def _train_forward(self, micro: MicroBatch, warmup: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -410,8 +416,13 @@ class Actor:
         detached for them in warm-up or with `algo.critic.detach_backbone`)."""
         if not self.has_critic:
             return self.engine(micro.inputs, device=self.device, trim=self.trim), None
-        detach = warmup or self.algo.critic.detach_backbone
-        return self.engine(micro.inputs, device=self.device, trim=self.trim, detach_backbone=detach)
+        return self.engine(micro.inputs, device=self.device, trim=self.trim,
+                           detach_backbone=self._detach_backbone(warmup))
+
+    def _detach_backbone(self, warmup: bool) -> bool:
+        """Whether the value loss stops at the value head: in the critic's warm-up or with
+        `algo.critic.detach_backbone`."""
+        return warmup or self.algo.critic.detach_backbone
 
     def _value_loss(self, micro: MicroBatch, values: torch.Tensor, stats: _StepStats) -> torch.Tensor:
         """The micro-batch's share of the mini-batch's clipped value loss; its value and clip fraction added to
