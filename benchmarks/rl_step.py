@@ -68,7 +68,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -139,9 +139,10 @@ def parse() -> argparse.Namespace:
 
 
 def trainer_config(args: argparse.Namespace, substeps: int, gpu: bool | None = None,
-                   shrink: bool | None = None, check: bool = True) -> Config:
+                   shrink: bool | None = None, check: bool = True, extra: Sequence[str] = ()) -> Config:
     """The run's configuration, `check`ed (`validate`). `gpu`: the settings of a run on a GPU or on the CPU (None:
-    this machine's); `shrink`: the policy shrunk to a few thousand parameters (None: with --dry-run)."""
+    this machine's); `shrink`: the policy shrunk to a few thousand parameters (None: with --dry-run); `extra`: more
+    overrides, last (another family's model keys)."""
     from hydra import compose, initialize_config_dir
 
     gpu = torch.cuda.is_available() if gpu is None else gpu
@@ -168,6 +169,7 @@ def trainer_config(args: argparse.Namespace, substeps: int, gpu: bool | None = N
     ]
     if args.max_staleness:
         overrides += [f"algo.max_staleness={args.max_staleness}", "algo.tis_cap=2.0"]
+    overrides += list(extra)
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = to_config(compose(config_name="config", overrides=overrides))

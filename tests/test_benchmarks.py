@@ -209,3 +209,15 @@ def test_update_profile_dry_run_profiles_the_phases_and_runs_every_lever():
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "update_profile.py"), "--variants", "mb=4,x=1"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=script_env())
     assert bad.returncode != 0 and "'x=1' is not key=value" in bad.stdout + bad.stderr
+
+
+def test_pi0_scale_dry_run_decodes_and_plays_an_rl_step():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pi0_scale.py"), "--dry-run"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=script_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("| ours sample_actions | ") for line in lines)
+    assert any(line.startswith("| ours sample_chain (Flow-SDE) | ") for line in lines)
+    assert any(line.startswith("update alone on ") for line in lines)
+    assert re.fullmatch(r"pi0_scale: model=pi0_tiny decode_s=\d+\.\d{4} openpi_s=nan ratio=nan step_s=\d+\.\d\d "
+                        r"peak_gib=nan", lines[-1])

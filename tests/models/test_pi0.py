@@ -130,6 +130,41 @@ def test_sample_actions_is_k_euler_steps_from_noise_deterministic(pi05):
 
 
 @pytest.mark.parametrize("pi05", [False, True])
+def test_sampling_leaves_out_a_slot_masked_in_every_row_and_computes_the_same(pi05):
+    p = policy(pi05)
+    x = inputs(p)
+    x.image_masks[:, 2] = False  # LIBERO's two cameras in three slots
+    noise = torch.randn(B, p.spec.action_horizon, p.spec.action_dim)
+    cache, pad = p.prefix_cache(x)
+    assert pad.shape[1] == p.spec.prefix_len - p.spec.vision.num_patches and cache[0][0].shape[2] == pad.shape[1]
+    x_t, dt, time = noise, torch.tensor(-0.5), torch.tensor(1.0)
+    with torch.no_grad():
+        for _ in range(2):  # the joint pass over every slot
+            x_t = x_t + dt * p.velocity_joint(x, x_t, time.expand(B))
+            time = time + dt
+    torch.testing.assert_close(p.sample_actions(x, noise, num_steps=2), x_t, rtol=0, atol=1e-5)
+    x.images[:, 2] = torch.rand_like(x.images[:, 2])  # what a masked slot holds does not matter
+    torch.testing.assert_close(p.sample_actions(x, noise, num_steps=2), x_t, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("pi05", [False, True])
+def test_a_bfloat16_policy_samples_and_trains_in_its_dtype_and_gives_float32(pi05):
+    """What DeepSpeed's bf16 engine and the GPU's rollout engine hold: every parameter in bfloat16."""
+    p = policy(pi05)
+    x = inputs(p)
+    noise = torch.randn(B, p.spec.action_horizon, p.spec.action_dim)
+    exact = p.sample_actions(x, noise, num_steps=2)
+    half = p.to(torch.bfloat16)
+    actions = half.sample_actions(x, noise, num_steps=2)
+    assert actions.dtype == torch.float32
+    assert (actions - exact).abs().max() < 0.1 * exact.abs().max()  # bf16's rounding, not another computation
+    loss = half.flow_loss(x, torch.randn_like(noise), noise, torch.full((B,), 0.5))
+    assert loss.dtype == torch.float32 and torch.isfinite(loss).all()
+    chain = half.sample_chain(x, noise, 0.5, num_steps=2)
+    assert torch.isfinite(half.chain_logprobs(x, chain.chain, 0.5)).all()
+
+
+@pytest.mark.parametrize("pi05", [False, True])
 def test_the_loss_is_zero_where_the_velocity_is_right_and_trains_both_gemmas(pi05):
     p = policy(pi05)
     x = inputs(p)

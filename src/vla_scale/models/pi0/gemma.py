@@ -12,13 +12,14 @@ defines, with transformers' parameter names (`model.layers.<i>.self_attn.q_proj.
   multiplies the branch that follows before it joins the residual stream (`x + gate * branch`).
 
 The norm, MLP and rotary tables are transformers' own modules where they compute the same thing; the attention is
-the eager formula openpi runs (scores in the compute dtype, a large negative number added where masked, softmax in
-float32), written out in `attend`.
+the formula openpi runs (a large negative number added to the scores where masked, softmax in float32) through
+torch's scaled_dot_product_attention (`attend`).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import GemmaConfig
 from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm, GemmaRotaryEmbedding
@@ -143,12 +144,10 @@ def rotate(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tens
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scaling: float) -> Tensor:
-    """Eager grouped-query attention: q [B, H, Lq, hd], k/v [B, KV, Lk, hd], `mask` additive [B, 1, Lq, Lk] (0 or
-    MASKED) -> [B, Lq, H * hd]."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(q, k.transpose(2, 3)) * scaling + mask
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    out = torch.matmul(weights, v).transpose(1, 2)
+    """Grouped-query attention: q [B, H, Lq, hd], k/v [B, KV, Lk, hd], `mask` additive [B, 1, Lq, Lk] (0 or
+    MASKED) -> [B, Lq, H * hd]. openpi's eager formula (scores + mask, softmax in float32) through torch's fused
+    kernel, which takes the keys' heads as they are (no copy per query head) and never writes the scores out; the
+    softmax is float32 inside it too."""
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), scale=scaling,
+                                         enable_gqa=q.shape[1] != k.shape[1]).transpose(1, 2)
     return out.reshape(*out.shape[:2], -1)

@@ -153,13 +153,18 @@ class Pi0Policy(nn.Module):
     def compute_dtype(self) -> torch.dtype:
         return self.action_in_proj.weight.dtype
 
-    def embed_prefix(self, inputs: Pi0Inputs) -> tuple[Tensor, Tensor, Tensor]:
+    def embed_prefix(self, inputs: Pi0Inputs, skip_masked_slots: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """(embeddings [B, P, PaliGemma width], pad bool[B, P], block starts bool[B, P]: none, the prefix is one
         block). Images go through the tower one camera slot at a time, as openpi runs them; the prompt's token
-        embeddings are scaled by sqrt(width) (Gemma's convention, here outside the model)."""
+        embeddings are scaled by sqrt(width) (Gemma's convention, here outside the model). `skip_masked_slots`:
+        a camera slot masked in every row is left out (no key attends to it and its positions are not counted, so
+        the prefix computes the same; a third less work for LIBERO's two cameras in three slots). Only where the
+        module is not ZeRO-3's: every rank must run the tower equally often."""
         backbone = self.paligemma_with_expert
         embs, pads = [], []
         for n in range(inputs.images.shape[1]):
+            if skip_masked_slots and not bool(inputs.image_masks[:, n].any()):
+                continue
             patches = backbone.embed_image(inputs.images[:, n].to(self.compute_dtype))
             embs.append(patches)
             pads.append(inputs.image_masks[:, n, None].expand(-1, patches.shape[1]))
@@ -203,7 +208,7 @@ class Pi0Policy(nn.Module):
         streams = Streams(prefix=prefix.to(self.compute_dtype), suffix=suffix.to(self.compute_dtype),
                           mask=additive(allowed), positions=torch.cumsum(pad, dim=1) - 1, cond=cond)
         _, out, _ = self.paligemma_with_expert.run(streams)
-        return self.action_out_proj(out[:, -self.spec.action_horizon :].float())
+        return self.action_out_proj(out[:, -self.spec.action_horizon :].to(self.compute_dtype)).float()
 
     def flow_loss(self, inputs: Pi0Inputs, actions: Tensor, noise: Tensor, time: Tensor) -> Tensor:
         """Per-element squared error float32[B, H, action_dim] between the predicted and the true velocity at
@@ -221,14 +226,16 @@ class Pi0Policy(nn.Module):
 
     # ---- sampling ---------------------------------------------------------------------------------------------------
     def prefix_cache(self, inputs: Pi0Inputs) -> tuple[KVCache, Tensor]:
-        """Every layer's keys and values of the prefix, and its pad mask: what every denoising step attends to."""
-        cache, pad, _ = self.prefix_pass(inputs)
+        """Every layer's keys and values of the prefix, and its pad mask: what every denoising step attends to
+        (camera slots masked in every row left out)."""
+        cache, pad, _ = self.prefix_pass(inputs, skip_masked_slots=True)
         return cache, pad
 
-    def prefix_pass(self, inputs: Pi0Inputs) -> tuple[KVCache, Tensor, Tensor]:
+    def prefix_pass(self, inputs: Pi0Inputs, skip_masked_slots: bool = False) -> tuple[KVCache, Tensor, Tensor]:
         """`prefix_cache`'s cache and pad mask, and the prefix's hidden states [B, T, width] after PaliGemma's final
-        norm (what a value head reads)."""
-        prefix, pad, blocks = self.embed_prefix(inputs)
+        norm (what a value head reads). `skip_masked_slots`: as `embed_prefix`'s (the sampling's; the update's
+        pass keeps every slot)."""
+        prefix, pad, blocks = self.embed_prefix(inputs, skip_masked_slots)
         streams = Streams(prefix=prefix.to(self.compute_dtype), suffix=None,
                           mask=additive(attention_allowed(pad, blocks.long())),
                           positions=torch.cumsum(pad, dim=1) - 1)
@@ -246,7 +253,7 @@ class Pi0Policy(nn.Module):
         streams = Streams(prefix=None, suffix=suffix.to(self.compute_dtype), mask=additive(allowed),
                           positions=positions, cond=cond)
         _, out, _ = self.paligemma_with_expert.run(streams, cache=cache)
-        return self.action_out_proj(out[:, -self.spec.action_horizon :].float())
+        return self.action_out_proj(out[:, -self.spec.action_horizon :].to(self.compute_dtype)).float()
 
     def sample_noise(self, batch: int, device: torch.device | str | None = None,
                      generator: torch.Generator | None = None) -> Tensor:
