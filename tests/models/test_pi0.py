@@ -148,6 +148,31 @@ def test_sampling_leaves_out_a_slot_masked_in_every_row_and_computes_the_same(pi
 
 
 @pytest.mark.parametrize("pi05", [False, True])
+def test_activation_checkpointing_recomputes_the_joint_layers_and_trains_the_same(pi05):
+    def gradients(recompute: int | None) -> tuple[dict[str, torch.Tensor], int]:
+        p = policy(pi05).train()
+        if recompute is not None:
+            p.activation_checkpointing_enable()
+            p.recompute_layers(recompute)
+        runs = []
+        joint = p.paligemma_with_expert
+        layer = joint._layer
+        joint._layer = lambda *args: runs.append(1) or layer(*args)
+        x = inputs(p)
+        noise = torch.randn(B, p.spec.action_horizon, p.spec.action_dim, generator=torch.Generator().manual_seed(2))
+        p.flow_loss(x, torch.zeros_like(noise), noise, torch.full((B,), 0.5)).mean().backward()
+        return {n: q.grad for n, q in p.named_parameters() if q.grad is not None}, len(runs)
+
+    plain, runs = gradients(None)
+    assert runs == 2  # two joint layers, once each
+    for recompute, expected in ((-1, 4), (1, 3)):
+        grads, runs = gradients(recompute)
+        assert runs == expected and grads.keys() == plain.keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, plain[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("pi05", [False, True])
 def test_a_bfloat16_policy_samples_and_trains_in_its_dtype_and_gives_float32(pi05):
     """What DeepSpeed's bf16 engine and the GPU's rollout engine hold: every parameter in bfloat16."""
     p = policy(pi05)

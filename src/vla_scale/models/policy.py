@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
 
 from vla_scale.models.action_heads import ActionLogStd, L1RegressionHead, distribution, executable
 from vla_scale.models.actions import ActionTokenizer, DatasetStats
@@ -34,7 +34,7 @@ from vla_scale.models.checkpoint_io import load_weights, read_proprio_dim, read_
 from vla_scale.models.critic import read_rows
 from vla_scale.models.processor import ImageTransform, PolicyInputs, PreparedInputs, Processor
 from vla_scale.models.spec import OFTSpec
-from vla_scale.models.vision import VisionBackbone
+from vla_scale.models.vision import Block, VisionBackbone
 
 __all__ = ["OFTPolicy", "PolicyInputs", "Processor"]
 
@@ -316,6 +316,24 @@ class OFTPolicy(nn.Module):
         hidden = self.action_hidden_states(inputs.pixel_values, inputs.input_ids, inputs.attention_mask,
                                            inputs.proprio)
         return (self.bin_logits(hidden) if self.action_head is None else self.head_params(hidden)), hidden
+
+    # ---- how the actor trains it ------------------------------------------------------------------------------------
+    zero3_leaf_types = (LlamaDecoderLayer, Block)
+    """Modules ZeRO-3 gathers whole, once per forward (`deepspeed.leaf_modules`)."""
+
+    def activation_checkpointing_enable(self) -> None:
+        """Every Llama layer and vision block keeps only its input in training and recomputes the rest in the
+        backward pass (`deepspeed.activation_checkpointing`)."""
+        lm = self.language_model  # transformers renamed it in 5.x; older images have only the first name
+        enable = getattr(lm, "activation_checkpointing_enable", None) or lm.gradient_checkpointing_enable
+        enable({"use_reentrant": False})
+        self.vision_backbone.checkpointing_enable()
+
+    def recompute_layers(self, count: int) -> None:
+        """With checkpointing on: the first `count` Llama layers recompute, the rest keep their activations (-1:
+        all)."""
+        for index, layer in enumerate(self.language_model.model.layers):
+            layer.gradient_checkpointing = count < 0 or index < count
 
     def value_features(self, inputs: PolicyInputs | PreparedInputs, device: torch.device | None = None,
                        trim: bool = False, *, position: str) -> tuple[Tensor, Tensor]:

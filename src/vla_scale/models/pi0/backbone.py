@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 from transformers import SiglipVisionConfig, SiglipVisionModel
 
 from vla_scale.models.pi0.gemma import GemmaForCausalLM, GemmaLayer, attend, gated, normalize, rotate
@@ -47,11 +48,24 @@ class SiglipTower(nn.Module):
             self.vision_model = SiglipVisionModel(config)
             return
         from transformers import initialization
-        from transformers.integrations.deepspeed import initialize_weights_zero3
 
         with initialization.no_init_weights():
             self.vision_model = SiglipVisionModel(config)
-        initialize_weights_zero3(self.vision_model)
+        self._init_gathered(self.vision_model)
+
+    def _init_gathered(self, module: nn.Module) -> None:
+        """transformers' SigLIP init of every module, children first, each with its own and its direct children's
+        parameters gathered (the init reaches into children: `module.q_proj.weight`), set on rank 0 and scattered
+        back. Written out here: transformers' own ZeRO-3 variant gathers the children's only in its newer
+        versions."""
+        import deepspeed
+
+        for child in module.children():
+            self._init_gathered(child)
+        params = [*module.parameters(recurse=False), *(p for c in module.children() for p in c.parameters(False))]
+        with torch.no_grad(), deepspeed.zero.GatheredParameters(params, modifier_rank=0, enabled=bool(params)):
+            if not deepspeed.comm.is_initialized() or deepspeed.comm.get_rank() == 0:
+                self.vision_model._init_weights(module)
 
     def forward(self, pixels: Tensor) -> Tensor:
         return self.vision_model(pixels).last_hidden_state
@@ -110,6 +124,9 @@ class PaliGemmaWithExpert(nn.Module):
         cond = spec.expert.width if spec.pi05 else 0
         self.gemma_expert = GemmaForCausalLM(spec.expert, spec.vocab_size, cond_dim=cond, embeds_tokens=False)
         self.scaling = spec.paligemma.head_dim ** -0.5
+        self.recompute = 0
+        """Joint layers that keep only their inputs in training and recompute in the backward pass: the first
+        `recompute` (-1: all; `Pi0Policy.recompute_layers`)."""
 
     @property
     def language_model(self) -> nn.Module:
@@ -135,8 +152,11 @@ class PaliGemmaWithExpert(nn.Module):
         kept: KVCache = []
         for i in range(self.spec.paligemma.depth):
             layers: list[GemmaLayer] = [g.layers[i] for g in gemmas]
-            hidden, kv = self._layer(layers, hidden, conds, streams.mask, cos, sin,
-                                     None if cache is None else cache[i])
+            args = (layers, hidden, conds, streams.mask, cos, sin, None if cache is None else cache[i])
+            if self.training and torch.is_grad_enabled() and (self.recompute < 0 or i < self.recompute):
+                hidden, kv = checkpoint(self._layer, *args, use_reentrant=False)
+            else:
+                hidden, kv = self._layer(*args)
             if keep_cache:
                 kept.append(kv)
         out = [None if h is None else normalize(g.norm, h, c)[0] for g, h, c in zip(gemmas, hidden, conds,

@@ -328,6 +328,23 @@ class Pi0Policy(nn.Module):
             return steps, out[torch.arange(len(out), device=out.device), last]
         return steps, read_rows(out, position, valid=pad)
 
+    # ---- how the actor trains it ------------------------------------------------------------------------------------
+    zero3_leaf_types: tuple[type[nn.Module], ...] = ()
+    """None: the joint layers call into both Gemmas' submodules, so ZeRO-3 gathers per submodule."""
+
+    def activation_checkpointing_enable(self) -> None:
+        """Every joint layer and SigLIP block keeps only its input in training and recomputes the rest in the
+        backward pass (`deepspeed.activation_checkpointing`)."""
+        tower = self.paligemma_with_expert.paligemma.model.vision_tower.vision_model
+        enable = getattr(tower, "activation_checkpointing_enable", None) or tower.gradient_checkpointing_enable
+        enable({"use_reentrant": False})
+        self.recompute_layers(-1)
+
+    def recompute_layers(self, count: int) -> None:
+        """The first `count` joint layers recompute in the backward pass, the rest keep their activations (-1:
+        all)."""
+        self.paligemma_with_expert.recompute = count
+
     @property
     def value_width(self) -> int:
         """The width of the hidden state a value head reads (PaliGemma's Gemma)."""

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from vla_scale.algo import (
     clipped_policy_loss,
@@ -32,7 +31,6 @@ from vla_scale.models.interface import ChunkScorer, SupervisedBatch
 from vla_scale.models.lora import add_adapters
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.models.processor import PreparedInputs
-from vla_scale.models.vision import Block
 from vla_scale.parallel.actor.optimizer_states import OptimizerStates, StatesStream, stream_states_through_step
 
 REDUCE_BUCKET_SIZE = 500_000_000
@@ -164,12 +162,9 @@ class Actor:
             head = self._value_head(policy, algo) if critic else None
         self.critic_source = self._load_value_head(head, critic_from, ds.zero_stage == 3) if head else ""
         if ds.activation_checkpointing:
-            lm = policy.language_model  # transformers renamed it in 5.x; older images have only the first name
-            enable = getattr(lm, "activation_checkpointing_enable", None) or lm.gradient_checkpointing_enable
-            enable({"use_reentrant": False})
-            policy.vision_backbone.checkpointing_enable()
-        if ds.leaf_modules:
-            set_z3_leaf_modules(policy, [LlamaDecoderLayer, Block])
+            policy.activation_checkpointing_enable()
+        if ds.leaf_modules and policy.zero3_leaf_types:
+            set_z3_leaf_modules(policy, list(policy.zero3_leaf_types))
         # With the optimizer state on GPUs, torch's fused AdamW: one pass over the fp32 master weights and moments per
         # step instead of one per arithmetic operation (docs/performance.md).
         fused = torch.cuda.is_available() and not ds.offload_optimizer
@@ -235,11 +230,9 @@ class Actor:
             self.reload_states()
 
     def _recompute_layers(self, count: int) -> None:
-        """The first `count` Llama layers recompute their forward in the backward pass, the rest keep their
-        activations (-1: all recompute)."""
-        layers = self.policy.language_model.model.layers
-        for index, layer in enumerate(layers):
-            layer.gradient_checkpointing = count < 0 or index < count
+        """The first `count` decoder layers recompute their forward in the backward pass, the rest keep their
+        activations (-1: all recompute): the policy's `recompute_layers`."""
+        self.policy.recompute_layers(count)
 
     @property
     def policy(self) -> OFTPolicy:
