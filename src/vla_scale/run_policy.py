@@ -265,8 +265,7 @@ def pi0_spec_from_model_config(model: ModelConfig) -> Pi0Spec:
 def pi0_source_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[str] = ()) -> Pi0Source:
     """A fresh π0 / π0.5 policy on `env` (model.family=pi0), or ConfigError naming each key that does not fit."""
     unsupported = [f"model.{key} is not supported for model.family=pi0 yet ({why})" for key, value, why in (
-        ("lora.rank", model.lora.rank, "LoRA targets of the Gemmas"), ("lora.path", model.lora.path, "ditto"))
-        if value]
+        ("lora.path", model.lora.path, "merging an adapter folder into a π0 policy"),) if value]
     if model.checkpoint:
         return pi0_checkpoint_source(model, env, explicit, unsupported)
     if not model.pi0.tokenizer:

@@ -80,3 +80,22 @@ def test_ppo_trains_a_tiny_pi0_with_a_value_head_on_its_prefix_and_a_resume_cont
                       "save_every=0", f"model.checkpoint={run}", f"run_dir={tmp_path / 'again'}", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert f"critic: the value head of {step}" in proc.stdout
+
+
+@pytest.mark.slow
+def test_lora_trains_a_tiny_pi0_and_its_folder_is_a_plain_pi0_with_the_adapters_beside(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    run = tmp_path / "run"
+    proc = run_script("train", *PI0, "model.lora.rank=4", "steps=1", f"run_dir={run}", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    step = run / "checkpoints" / "step_1"
+    assert checkpoint_family(str(step)).family == "pi0"
+    with safe_open(str(step / "adapter_model.safetensors"), "pt") as adapters, \
+            safe_open(str(step / "model.safetensors"), "pt") as policy:
+        assert any(".gemma_expert." in key for key in adapters.keys())
+        assert not any("lora_" in key for key in policy.keys())  # the weights merged, the adapters beside
+    proc = run_script("eval", "env=pick_place", f"model.checkpoint={run}", "env.num_eval_init_states=1",
+                      "env.num_tasks=1", "env.max_steps=8", "parallel.num_workers=1", "parallel.sims_per_worker=2",
+                      "progress=false", f"run_dir={tmp_path / 'eval'}", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

@@ -173,6 +173,34 @@ def test_activation_checkpointing_recomputes_the_joint_layers_and_trains_the_sam
 
 
 @pytest.mark.parametrize("pi05", [False, True])
+def test_lora_adapts_the_towers_and_gemmas_trains_the_projections_whole_and_serves_merged(pi05):
+    from vla_scale.config import LoraConfig
+    from vla_scale.models.lora import add_adapters, is_adapter
+
+    p = policy(pi05)
+    x = inputs(p)
+    noise = torch.randn(B, p.spec.action_horizon, p.spec.action_dim)
+    base = p.sample_actions(x, noise, num_steps=2)
+    adapted = add_adapters(p, LoraConfig(rank=4))
+    assert any(".gemma_expert." in n for n in adapted) and any(".vision_tower." in n for n in adapted)
+    assert not any("lm_head" in n or n.startswith(("action_", "state_", "time_")) for n in adapted)
+    trained = {n for n, q in p.named_parameters() if q.requires_grad}
+    whole = {n for n in trained if not is_adapter(n)}
+    assert whole and all(n.startswith(("action_in_proj", "action_out_proj", "state_proj", "action_time_mlp",
+                                       "time_mlp")) for n in whole)
+    torch.testing.assert_close(p.sample_actions(x, noise, num_steps=2), base, rtol=0, atol=0)  # B starts at 0
+    with torch.no_grad():
+        for name, q in p.named_parameters():
+            if name.endswith("lora_B.weight"):
+                q.normal_(0.0, 0.1)
+    plain = Pi0Policy.from_spec(p.spec).eval()
+    plain.load_state_dict(dict(p.served(list(p.state_dict().items()))))
+    torch.testing.assert_close(plain.sample_actions(x, noise, num_steps=2), p.sample_actions(x, noise, num_steps=2),
+                               rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(plain.sample_actions(x, noise, num_steps=2), base)
+
+
+@pytest.mark.parametrize("pi05", [False, True])
 def test_a_bfloat16_policy_samples_and_trains_in_its_dtype_and_gives_float32(pi05):
     """What DeepSpeed's bf16 engine and the GPU's rollout engine hold: every parameter in bfloat16."""
     p = policy(pi05)

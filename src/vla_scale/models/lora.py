@@ -38,9 +38,11 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 NOT_ADAPTED = ("lm_head",)  # its action rows are what the loss reads: trained or frozen whole, never low-rank
-FULLY_TRAINED = ("action_head", "action_noise")
-"""Parts a LoRA run trains whole, never low-rank: the L1 head and its Gaussian's log-std (small; OpenVLA-OFT's LoRA
-fine-tuning trains its action head whole too)."""
+FULLY_TRAINED = ("action_head", "action_noise", "action_in_proj", "action_out_proj", "state_proj",
+                 "action_time_mlp_in", "action_time_mlp_out", "time_mlp_in", "time_mlp_out")
+"""Parts a LoRA run trains whole, never low-rank: OFT's L1 head and its Gaussian's log-std (small; OpenVLA-OFT's LoRA
+fine-tuning trains its action head whole too); π0's projections of actions, state and time in and out of the action
+expert (small and the robot's own; openpi's LoRA fine-tunes freeze only the Gemmas' weights)."""
 FILM_PROJECTIONS = ("scale", "shift")
 """A FiLMed vision block's projections of the language embedding, also trained whole (OpenVLA-OFT adds them after
 the adapters)."""
@@ -138,6 +140,18 @@ def _inputs_require_grad(policy: nn.Module) -> None:
 def merged(weight: Tensor, a: Tensor, b: Tensor, scale: float) -> Tensor:
     """W + scale * B A, computed in float32 and rounded once to W's dtype."""
     return (weight.float() + scale * (b.float() @ a.float())).to(weight.dtype)
+
+
+class ServesMerged:
+    """What a policy class mixes in to serve its gathered weights merged (`served`, what the weight sync and the
+    checkpoint folders call); `add_adapters` sets `lora_scaling`."""
+
+    lora_scaling: float | None = None
+
+    def served(self, bucket: list[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
+        """Gathered (name, tensor) of this policy as a rollout engine or a checkpoint holds them: with LoRA adapters
+        each adapted weight merged and the adapters left out, else as they are."""
+        return bucket if self.lora_scaling is None else served(bucket, self.lora_scaling)
 
 
 def is_adapter(name: str) -> bool:

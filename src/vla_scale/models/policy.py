@@ -32,6 +32,7 @@ from vla_scale.models.action_heads import ActionLogStd, L1RegressionHead, distri
 from vla_scale.models.actions import ActionTokenizer, DatasetStats
 from vla_scale.models.checkpoint_io import load_weights, read_proprio_dim, read_spec, save_policy
 from vla_scale.models.critic import read_rows
+from vla_scale.models.lora import ServesMerged
 from vla_scale.models.processor import ImageTransform, PolicyInputs, PreparedInputs, Processor
 from vla_scale.models.spec import OFTSpec
 from vla_scale.models.vision import Block, VisionBackbone
@@ -130,7 +131,7 @@ def deepspeed_gather(param: nn.Parameter):
     return deepspeed.zero.GatheredParameters([param], modifier_rank=0)
 
 
-class OFTPolicy(nn.Module):
+class OFTPolicy(ServesMerged, nn.Module):
     """Vision backbone + projector + Llama backbone; one forward pass gives the bin logits of a whole chunk."""
 
     def __init__(self, spec: OFTSpec, zero3_init: bool = False, init: bool = True):
@@ -153,7 +154,6 @@ class OFTPolicy(nn.Module):
         self.action_tokenizer = ActionTokenizer(spec.n_bins)
         self.norm_stats = {key: DatasetStats.from_json(s, spec.normalization) for key, s in spec.norm_stats.items()}
         self.preprocessor: dict[str, Any] | None = None  # the checkpoint's preprocessor_config.json, when loaded
-        self.lora_scaling: float | None = None  # set by `lora.add_adapters`
         if init and spec.ordinal_bin_init > 0:
             self._init_ordinal_bins(spec.ordinal_bin_init, zero3_init)
 
@@ -219,15 +219,6 @@ class OFTPolicy(nn.Module):
         with context, torch.no_grad():
             if weight.numel():
                 weight[begin : begin + self.spec.n_bins] += smooth.to(weight.device, weight.dtype)
-
-    def served(self, bucket: list[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
-        """Gathered (name, tensor) of this policy as a rollout engine or a checkpoint holds them: with LoRA adapters
-        each adapted weight merged and the adapters left out (`models/lora.py`), else as they are."""
-        if self.lora_scaling is None:
-            return bucket
-        from vla_scale.models.lora import served
-
-        return served(bucket, self.lora_scaling)
 
     @property
     def num_action_tokens(self) -> int:

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from vla_scale.algo.flow_sde import euler_times, gaussian_logprob, sde_transition
 from vla_scale.models.critic import read_rows
+from vla_scale.models.lora import ServesMerged
 from vla_scale.models.pi0.backbone import KVCache, PaliGemmaWithExpert, Streams
 from vla_scale.models.pi0.gemma import MASKED, AdaRMSNorm
 from vla_scale.models.pi0.spec import Pi0Spec, check_spec, spec_from_openpi
@@ -92,8 +93,9 @@ def time_embedding(time: Tensor, width: int) -> Tensor:
     return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).to(time.dtype)
 
 
-class Pi0Policy(nn.Module):
-    """PaliGemma + the action expert + the action/state/time projections of π0 (or π0.5 with `spec.pi05`)."""
+class Pi0Policy(ServesMerged, nn.Module):
+    """PaliGemma + the action expert + the action/state/time projections of π0 (or π0.5 with `spec.pi05`). With LoRA
+    adapters (`models/lora.add_adapters`) it serves its weights merged (`served`)."""
 
     def __init__(self, spec: Pi0Spec, zero3_init: bool = False):
         super().__init__()
