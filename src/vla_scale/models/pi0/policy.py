@@ -332,7 +332,7 @@ class Pi0Policy(ServesMerged, nn.Module):
 
     # ---- how the actor trains it ------------------------------------------------------------------------------------
     zero3_leaf_types: tuple[type[nn.Module], ...] = ()
-    """None: the joint layers call into both Gemmas' submodules, so ZeRO-3 gathers per submodule."""
+    """None here: the joint layers call into both Gemmas' submodules, so ZeRO-3 gathers per submodule."""
 
     def activation_checkpointing_enable(self) -> None:
         """Every joint layer and SigLIP block keeps only its input in training and recomputes the rest in the
