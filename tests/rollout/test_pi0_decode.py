@@ -86,3 +86,13 @@ def test_engine_decode_is_sample_actions_by_hand(tmp_path: Path) -> None:
         np.testing.assert_array_equal(decoded.tokens.reshape(3, -1, 7), normalized[:, :, :7])
         again = RolloutEngine(source.policy, "cpu", seed=7, decoder=source.chunk_decoder())
         np.testing.assert_array_equal(again.decode(inputs, 1.0, greedy=True).actions, decoded.actions)
+
+
+def test_one_observations_inputs_are_arrays_of_their_own(tmp_path: Path) -> None:
+    """torch warns on (and must not share) a read-only numpy view; a batch of one once gave one for the masks."""
+    source = Pi0Source.from_folder(str(write_tiny_pi0(tmp_path / "pi0")), "pick_place")
+    observations = _observations(1)
+    images, proprio = source.processor.prepare(observations)
+    prepared = source.processor.encode(images, [o.instruction for o in observations], proprio)
+    assert all(np.asarray(a).flags.writeable for a in vars(prepared).values())
+    assert prepared.image_masks.tolist() == [[True, True, False]]

@@ -107,11 +107,11 @@ class Pi0Processor:
         spec, batch = self.spec, len(images)
         slots = np.zeros((batch, spec.num_images, *images.shape[2:]), dtype=np.uint8)
         slots[:, : images.shape[1]] = images
-        masks = np.broadcast_to(np.arange(spec.num_images) < images.shape[1], (batch, spec.num_images))
+        masks = np.tile(np.arange(spec.num_images) < images.shape[1], (batch, 1))  # its own writable rows
         state = self.normalized_state(proprio)
         prompts = [self.tokenizer.tokenize(text, s if spec.state_in_prompt else None)
                    for text, s in zip(instructions, state, strict=True)]
-        return Pi0Prepared(slots, np.ascontiguousarray(masks), np.stack([t for t, _ in prompts]),
+        return Pi0Prepared(slots, masks, np.stack([t for t, _ in prompts]),
                            np.stack([m for _, m in prompts]), pad_last(state, spec.action_dim))
 
 
