@@ -72,9 +72,10 @@ def test_ppo_trains_a_tiny_pi0_with_a_value_head_on_its_prefix_and_a_resume_cont
     resumed = _resumed_from_step_1(run, tmp_path / "part", PPO)
     for tag in ("train/success_rate", "train/env_steps"):
         assert resumed[tag] == [x for x in scalars[tag] if x[0] == 2], tag
-    # the same episodes and chains; sums over rows agree up to the order float32 adds them in (as the entropy above)
+    # the same episodes and chains; sums over rows agree up to the order float32 adds them in (as the entropy above;
+    # the policy loss of normalised advantages at ratio 1 is 0 up to that rounding, hence the absolute bound too)
     for tag in ("train/policy_loss", "train/grad_norm", *CRITIC_SCALARS):
-        assert resumed[tag][0][1] == pytest.approx(scalars[tag][1][1], rel=1e-6), tag
+        assert resumed[tag][0][1] == pytest.approx(scalars[tag][1][1], rel=1e-6, abs=1e-6), tag
 
     proc = run_script("train", *[a for a in PPO if not a.startswith(("model=", "model.pi0."))], "steps=1",
                       "save_every=0", f"model.checkpoint={run}", f"run_dir={tmp_path / 'again'}", timeout=600)
