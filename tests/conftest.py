@@ -1,6 +1,8 @@
 """Shared test setup: offscreen rendering, local Ray without auth, a cached DeepSpeed op folder."""
 
 import os
+import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +44,17 @@ def run_script(script: str, *args: str, env: dict[str, str] | None = None, cwd: 
 
     return subprocess.run([sys.executable, str(ROOT / "launch" / f"{script}.py"), *args], cwd=cwd,
                           env=env or script_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def two_ranks(*args: str) -> list[str]:
+    """The deepspeed launcher's command running launch/train.py `args` on two ranks, on a free port: tests in other
+    files may launch at the same time, and the launcher's default port would then be taken."""
+    deepspeed = Path(sys.executable).with_name("deepspeed")  # else the one on PATH (wheels installed elsewhere)
+    deepspeed = deepspeed if deepspeed.exists() else Path(shutil.which("deepspeed") or deepspeed)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return [str(deepspeed), "--num_gpus", "2", "--master_port", str(port), str(ROOT / "launch" / "train.py"), *args]
 
 
 def train_ok(*overrides: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:

@@ -5,11 +5,9 @@ on two ranks."""
 
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, read_scalars, run_script, script_env, train_ok
+from conftest import TINY, read_scalars, run_script, script_env, train_ok, two_ranks
 from safetensors import safe_open
 
 PPO = ["algo=ppo", "algo.batch_size=8", "algo.group_size=1"]
@@ -74,10 +72,8 @@ def test_ppo_from_a_folder_without_a_critic_starts_a_fresh_one_and_trains_the_l1
 
 @pytest.mark.slow
 def test_lora_and_the_value_head_train_under_zero3_on_two_ranks(tmp_path):
-    deepspeed = Path(sys.executable).with_name("deepspeed")
-    deepspeed = deepspeed if deepspeed.exists() else Path(shutil.which("deepspeed") or deepspeed)
-    cmd = [str(deepspeed), "--num_gpus", "2", str(ROOT / "launch" / "train.py"), *TINY, *PPO, "model.lora.rank=4",
-           "steps=2", "eval_every=10", "save_every=2", "deepspeed=zero3", f"run_dir={tmp_path / 'run'}"]
+    cmd = two_ranks(*TINY, *PPO, "model.lora.rank=4", "steps=2", "eval_every=10", "save_every=2", "deepspeed=zero3",
+                    f"run_dir={tmp_path / 'run'}")
     proc = subprocess.run(cmd, cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     step = tmp_path / "run" / "checkpoints" / "step_2"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, read_scalars, read_text_tags, run_script, script_env, train_ok
+from conftest import TINY, read_scalars, read_text_tags, run_script, script_env, train_ok, two_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,10 +90,7 @@ def test_a_multirun_sweep_gives_each_job_its_run_directory_and_every_promised_sc
 
 @pytest.mark.slow
 def test_two_ranks_under_the_deepspeed_launcher_share_one_run(tmp_path):
-    deepspeed = Path(sys.executable).with_name("deepspeed")  # else the one on PATH (wheels installed elsewhere)
-    deepspeed = deepspeed if deepspeed.exists() else Path(shutil.which("deepspeed") or deepspeed)
-    cmd = [str(deepspeed), "--num_gpus", "2", str(ROOT / "launch" / "train.py"), *TINY, "algo.batch_size=4",
-           "steps=2", "eval_every=1", "save_every=1", "deepspeed=zero3"]
+    cmd = two_ranks(*TINY, "algo.batch_size=4", "steps=2", "eval_every=1", "save_every=1", "deepspeed=zero3")
     proc = subprocess.run(cmd, cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     runs = list((tmp_path / "runs").iterdir())
