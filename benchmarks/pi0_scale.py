@@ -19,7 +19,8 @@ ZeRO-3 actor under zero3_bf16, the rollout engine on the same GPU, the reach tas
 kept), with this family's model (a fresh one of the preset, the parity fixture's tokenizer; chunks of `--horizon`).
 One warm-up step, then `--steps` timed ones under `--memory-gib` (rollout, update, sync, peak memory per phase),
 then the update alone on the last step's samples with its MFU: three forward-equivalents per sample of the update's
-own forward (the prefix and the stochastic step's suffix pass, counted by FlopCounterMode).
+own forward (the prefix and the stochastic step's suffix pass, counted by FlopCounterMode; nan where that counter
+does not take grouped-query attention, as on the GPU).
 
 Last line: `pi0_scale: model=<m> decode_s=<ours> openpi_s=<openpi eager, or nan> ratio=<openpi / ours>
 step_s=<mean, or nan> peak_gib=<the steps' peak>`.
