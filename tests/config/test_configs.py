@@ -60,8 +60,9 @@ def test_top_level_config_is_the_embedded_default():
 def test_every_simulator_has_its_own_settings_group_that_builds_its_kwargs():
     from vla_scale.envs.registry import SIMULATORS
 
+    group = {"libero": "libero_spatial", "metaworld": "metaworld_mt10"}
     for name, sim in SIMULATORS.items():
-        env = load(f"env={'libero_spatial' if name == 'libero' else name}").env
+        env = load(f"env={group.get(name, name)}").env
         assert env.name == name and isinstance(env.simulator(), sim.settings)
         assert set(env.simulator_kwargs()) == {"camera_resolution", "max_steps", *env.simulator().simulator_kwargs()}
     cfg = load("env=reach", "env.reach.physics_substeps=5", "env.libero.settle_steps=3")

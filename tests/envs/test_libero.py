@@ -625,8 +625,9 @@ def test_another_mujoco_is_refused_naming_both_versions_and_the_override() -> No
 
     from vla_scale.envs.libero import LiberoSettings
 
-    problems = LiberoSettings(mujoco="3.1.0").startup_problems()
+    problems = LiberoSettings(mujoco="3.1.0").startup_problems("libero_spatial")
     wanted = [p for p in problems if "MuJoCo" in p]
     assert len(wanted) == 1 and f"MuJoCo {mujoco.__version__} is installed" in wanted[0], problems
     assert "mujoco==3.1.0" in wanted[0] and f"env.libero.mujoco={mujoco.__version__}" in wanted[0]
-    assert not [p for p in LiberoSettings().startup_problems() if "MuJoCo" in p]  # the pinned one passes
+    pinned = LiberoSettings().startup_problems("libero_spatial")
+    assert not [p for p in pinned if "MuJoCo" in p]  # the pinned one passes

@@ -215,6 +215,9 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     if suite_tasks is not None and not 1 <= e.num_tasks <= suite_tasks:
         problems.append(f"env.num_tasks={e.num_tasks} but suite {e.suite!r} has {suite_tasks} tasks; "
                         f"use 1..{suite_tasks}")
+    if sim is not None and sim.max_resolution and e.camera_resolution > sim.max_resolution:
+        problems.append(f"env.camera_resolution={e.camera_resolution} is beyond the {sim.max_resolution} px env "
+                        f"{e.name!r} renders at most: lower it (0: the policy's own)")
     used = e.num_train_init_states + e.num_eval_init_states + e.extra_train_init_states
     if sim is not None and used > sim.num_init_states:
         problems.append(
@@ -270,6 +273,10 @@ def sft_problems(cfg: Config, world_size: int = 1) -> list[str]:
     if not s.dataset:
         problems.append("sft.dataset is not set: name a LeRobot-format dataset folder (launch/demonstrate.py or "
                         "launch/eval.py record.path=... write one)")
+    sim = SIMULATORS.get(cfg.env.name)
+    if sim is not None and (foreign := sorted(set(s.cameras) - set(sim.cameras))):
+        problems.append(f"sft.cameras maps {foreign}, camera(s) env {cfg.env.name!r} has not (its cameras: "
+                        f"{', '.join(sim.cameras)}): map the env's cameras to the dataset's image features")
     if s.micro_batches >= 1 and s.batch_size % (world_size * s.micro_batches):
         problems.append(f"sft.batch_size={s.batch_size} must split evenly into {world_size} rank(s) x "
                         f"sft.micro_batches={s.micro_batches}: use a multiple of {world_size * s.micro_batches}")

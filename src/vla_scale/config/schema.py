@@ -235,7 +235,7 @@ class EnvConfig:
     def startup_problems(self) -> list[str]:
         """What keeps the simulator from starting that can be seen before it starts (LIBERO: its scene mode, package
         and assets), one line each naming the key or the install step."""
-        return self.simulator().startup_problems()
+        return self.simulator().startup_problems(self.suite)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -13,7 +13,9 @@ class Episode:
 
     images: camera name -> uint8 [T, H, W, 3]; state: float32 [T, P], the observation at step t (before action t);
     actions: float32 [T, A], the action taken at step t; success: whether the episode ended in success, None where
-    that is not known. Construction checks every shape and dtype (`problems` says what is wrong).
+    that is not known; extras: dataset feature -> float32 [T, D], more per-step vectors a dataset keeps (written,
+    not read back: e.g. Meta-World's full observation and reward). Construction checks every shape and dtype
+    (`problems` says what is wrong).
     """
 
     instruction: str
@@ -21,6 +23,7 @@ class Episode:
     state: np.ndarray
     actions: np.ndarray
     success: bool | None = None
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         found = self.problems()
@@ -36,7 +39,8 @@ class Episode:
         if steps >= len(self):
             return self
         return replace(self, images={c: v[:steps] for c, v in self.images.items()}, state=self.state[:steps],
-                       actions=self.actions[:steps], success=None)
+                       actions=self.actions[:steps], success=None,
+                       extras={k: v[:steps] for k, v in self.extras.items()})
 
     def problems(self) -> list[str]:
         """Everything wrong with the record, one message each (empty when it is sound)."""
@@ -52,7 +56,10 @@ class Episode:
             found.append("an episode needs at least one step, actions has 0")
         for camera, frames in self.images.items():
             found += _image_problems(camera, frames)
+        for key, values in self.extras.items():
+            found += _vector_problems(f"extras[{key!r}]", values, "D")
         lengths = {"actions": steps, "state": _length(self.state)}
+        lengths |= {f"extras[{key!r}]": _length(values) for key, values in self.extras.items()}
         lengths |= {f"images[{camera!r}]": _length(frames) for camera, frames in self.images.items()}
         if len({n for n in lengths.values() if n is not None}) > 1:
             found.append("all arrays need the same number of steps T, got " +

@@ -88,6 +88,10 @@ def features_of(episodes: list[Episode], keys: LeRobotKeys, video: bool) -> dict
     for key, array, stem in ((keys.state_key, first.state, "state"), (keys.action_key, first.actions, "action")):
         width = array.shape[1]
         features[key] = {"dtype": "float32", "shape": [width], "names": [f"{stem}_{i}" for i in range(width)]}
+    for key, array in first.extras.items():
+        width = array.shape[1]
+        names = None if width == 1 else [f"{key.rsplit('.', 1)[-1]}_{i}" for i in range(width)]
+        features[key] = {"dtype": "float32", "shape": [width], "names": names}
     if first.success is not None:
         for key in (SUCCESS, DONE):
             features[key] = {"dtype": "bool", "shape": [1], "names": None}
@@ -102,6 +106,9 @@ def writing_problems(episodes: list[Episode], keys: LeRobotKeys) -> list[str]:
     names = {keys.state_key, keys.action_key, *keys.cameras.values()}
     if len(names) != 2 + len(keys.cameras):
         found.append(f"the keys name one feature twice: {keys}")
+    taken = names | {SUCCESS, DONE, *INDEX_FEATURES}
+    if clashing := sorted(set(first.extras) & taken):
+        found.append(f"the episodes' extras {clashing} are features the dataset already has")
     for i, episode in enumerate(episodes):
         if set(episode.images) != set(keys.cameras):
             found.append(f"episode {i} has cameras {sorted(episode.images)}, the keys map {sorted(keys.cameras)}")
@@ -112,6 +119,9 @@ def writing_problems(episodes: list[Episode], keys: LeRobotKeys) -> list[str]:
         if (episode.state.shape[1], episode.actions.shape[1]) != (first.state.shape[1], first.actions.shape[1]):
             found.append(f"episode {i} has state/action widths {episode.state.shape[1]}/{episode.actions.shape[1]}"
                          f", episode 0 {first.state.shape[1]}/{first.actions.shape[1]}")
+        if {k: v.shape[1] for k, v in episode.extras.items()} != {k: v.shape[1] for k, v in first.extras.items()}:
+            found.append(f"episode {i} has extras {sorted(episode.extras)}, episode 0 {sorted(first.extras)} (each "
+                         "with its width): a dataset's columns cover all frames")
         if (episode.success is None) != (first.success is None):
             found.append("success must be known for every episode or for none (episode 0 and episode "
                          f"{i} differ): a dataset's next.success column covers all frames")

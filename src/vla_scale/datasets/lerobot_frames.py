@@ -68,6 +68,8 @@ def frame_table(episode: Episode, keys: LeRobotKeys, schema: pa.Schema, *, episo
         "episode_index": np.full(steps, episode_index), "index": first_index + np.arange(steps),
         "task_index": np.full(steps, task_index),
     }
+    for key, values in episode.extras.items():
+        columns[key] = values[:, 0] if values.shape[1] == 1 else _fixed_lists(values)
     if SUCCESS in schema.names:
         columns[SUCCESS] = np.arange(steps) == steps - 1 if episode.success else np.zeros(steps, bool)
         columns[DONE] = np.arange(steps) == steps - 1

@@ -517,7 +517,7 @@ class LiberoSettings:
         return {"settle_steps": self.settle_steps, "assets_path": self.assets or None,
                 "texture_max_side": self.texture_max_side, "scenes": self.scenes}
 
-    def startup_problems(self) -> list[str]:
+    def startup_problems(self, suite: str) -> list[str]:
         """The scene mode, the LIBERO package and its scene assets, checked before any simulator starts."""
         problems = []
         if self.scenes not in SCENES:

@@ -412,7 +412,7 @@ class PickPlaceSettings:
         return {"max_delta": self.max_delta, "physics_substeps": self.physics_substeps,
                 "start_spread": self.start_spread}
 
-    def startup_problems(self) -> list[str]:
+    def startup_problems(self, suite: str) -> list[str]:
         return []
 
 
@@ -420,4 +420,5 @@ SIMULATOR = Simulator(
     name="pick_place", env_class=PickPlaceEnv, settings=PickPlaceSettings, suites=(SUITE,), cameras=CAMERAS,
     action_dim=ACTION_DIM, proprio_dim=PROPRIO_DIM, num_init_states=PickPlaceEnv.NUM_INIT_STATES,
     instructions=lambda suite: instructions(), num_tasks=lambda suite: PickPlaceEnv.NUM_TASKS,
+    scripted_demo="vla_scale.envs.pick_place_demo:play_scripted",
 )

@@ -5,16 +5,16 @@ descend, close, lift, carry the cube over the instructed bowl, open. It keeps no
 by itself from a grasp that missed or a cube dropped outside the bowl (it opens and starts over). Gaussian noise on
 its xyz action makes imperfect demonstrations; with none it succeeds from every init state.
 
-`play` records an episode step by step: the observation the env gave before each action, and that action.
+`play` records an episode step by step: the observation the env gave before each action, and that action;
+`play_scripted` is the demonstrator as the simulator's record names it (`envs/scripted.ScriptedDemo`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from vla_scale.envs.pick_place import ACTION_DIM, CAMERAS, GRASP_HEIGHT, GRASP_RADIUS, PickPlaceEnv, Scene
+from vla_scale.envs.scripted import DemoEpisode
 from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
 
 HOVER = 0.05
@@ -30,23 +30,6 @@ CLOSE_Z = GRASP_HEIGHT / 2
 RELEASE_XY = 0.02
 """Largest xy error (m) of the held cube from the bowl's centre at which the gripper opens."""
 CLOSE, OPEN = 1.0, -1.0
-
-
-@dataclass(frozen=True)
-class DemoEpisode:
-    """One demonstrated episode, per env step t: the observation before action t, and action t.
-
-    images: camera -> uint8 [T, H, W, 3]; state: float32 [T, 4] (the env's proprio); actions: float32 [T, 7], exactly
-    what the env executed; intended: float32 [T, 7], what the demonstrator meant before its noise (the label of
-    noise-injected demonstrations, DART: the states stray as the noise drives them, the labels correct them).
-    """
-
-    images: dict[str, np.ndarray]
-    state: np.ndarray
-    actions: np.ndarray
-    instruction: str
-    success: bool
-    intended: np.ndarray | None = None
 
 
 class Demonstrator:
@@ -135,3 +118,8 @@ def play(env: PickPlaceEnv, task: TaskSpec, demonstrator: Demonstrator) -> DemoE
         success=step.success,
         intended=np.stack(intended),
     )
+
+
+def play_scripted(env: PickPlaceEnv, task: TaskSpec, noise: float, rng: np.random.Generator) -> DemoEpisode:
+    """`play` with a `Demonstrator` of xyz noise `noise` drawn from `rng` (`envs/scripted.ScriptedDemo`)."""
+    return play(env, task, Demonstrator(noise, rng))

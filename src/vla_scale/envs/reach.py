@@ -238,7 +238,7 @@ class ReachSettings:
     def simulator_kwargs(self) -> dict[str, Any]:
         return {"max_delta": self.max_delta, "physics_substeps": self.physics_substeps}
 
-    def startup_problems(self) -> list[str]:
+    def startup_problems(self, suite: str) -> list[str]:
         return []
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from vla_scale.envs import libero, pick_place, reach
+from vla_scale.envs import libero, metaworld, pick_place, reach
 from vla_scale.envs.simulator import Simulator
 from vla_scale.envs.types import Env
 
-SIMULATORS: dict[str, Simulator] = {sim.name: sim for sim in (reach.SIMULATOR, pick_place.SIMULATOR, libero.SIMULATOR)}
+SIMULATORS: dict[str, Simulator] = {
+    sim.name: sim for sim in (reach.SIMULATOR, pick_place.SIMULATOR, libero.SIMULATOR, metaworld.SIMULATOR)
+}
 
 
 def simulator(name: str) -> Simulator:

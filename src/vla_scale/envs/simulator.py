@@ -18,7 +18,7 @@ Numpy only (simulator processes import it); no config machinery.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,8 +38,8 @@ class Simulator:
     """What `registry.make_env` builds in a simulator process, with `settings.simulator_kwargs()` and the shared
     kwargs (camera_resolution, max_steps)."""
     settings: type
-    """Dataclass of the simulator's own keys, with `simulator_kwargs()`, `startup_problems()` and a `BOUNDS` dict
-    (field -> Bound) for its numeric fields."""
+    """Dataclass of the simulator's own keys, with `simulator_kwargs()`, `startup_problems(suite)` and a `BOUNDS`
+    dict (field -> Bound) for its numeric fields."""
     suites: tuple[str, ...]
     cameras: tuple[str, ...]
     """Observation image names, primary first."""
@@ -57,6 +57,28 @@ class Simulator:
     suite has none); None: the simulator has no published protocol."""
     openvla_actions: Callable[[np.ndarray], np.ndarray] | None = None
     """OpenVLA-convention actions -> the env's; None: OpenVLA checkpoints do not act in this simulator."""
+    image_keys: dict[str, str] = field(default_factory=dict)
+    """Camera -> the image feature that holds its frames in this simulator's LeRobot datasets (cameras not named:
+    `observation.images.<camera>`)."""
+    task_groups: Callable[[str], dict[str, list[int]]] | None = None
+    """suite -> group name -> its task ids (Meta-World's difficulty groups); None: the tasks form no groups."""
+    max_resolution: int | None = None
+    """The largest camera side the simulator renders (None: no bound of its own)."""
+    scripted_demo: str = ""
+    """The simulator's scripted demonstrator as "module:function" (`envs/scripted.ScriptedDemo`: plays one TaskSpec
+    in an env of this simulator and records it); '': launch/demonstrate.py has none to play."""
+
+    def image_key(self, camera: str) -> str:
+        """The image feature of `camera`'s frames in a dataset of this simulator."""
+        return self.image_keys.get(camera, f"observation.images.{camera}")
+
+    def groups(self, suite: str, num_tasks: int) -> dict[str, list[int]]:
+        """The task groups among tasks 0..num_tasks-1 of `suite` (groups left without a task dropped); empty when
+        the simulator has none."""
+        if self.task_groups is None:
+            return {}
+        kept = {name: [t for t in ids if t < num_tasks] for name, ids in self.task_groups(suite).items()}
+        return {name: ids for name, ids in kept.items() if ids}
 
     def action_postprocess(self, convention: str) -> Callable[[np.ndarray], np.ndarray]:
         """The function from a policy's un-normalised actions [..., A] to what this env steps with (float64)."""

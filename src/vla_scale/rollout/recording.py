@@ -63,10 +63,12 @@ def replay_env(vla: PretrainedVLA, env: EnvConfig) -> Env:
 
 def record_played(vla: PretrainedVLA, env: EnvConfig, trajs: list[Trajectory], record: RecordConfig) -> int:
     """The episodes of `trajs` that `record.episodes` keeps, replayed and written as a LeRobot dataset to
-    `record.path` (every camera the env renders, `observation.images.<camera>`); returns how many were written."""
+    `record.path` (every camera the env renders, under the simulator's feature names: `Simulator.image_key`); returns
+    how many were written."""
     from vla_scale.datasets.lerobot import LeRobotKeys, write_dataset
 
-    cameras = simulator(env.name).cameras
+    sim = simulator(env.name)
+    cameras = sim.cameras
     chosen = [t for t in trajs if t.success or record.episodes == "all"]
     sim = replay_env(vla, env)
     try:
@@ -74,7 +76,7 @@ def record_played(vla: PretrainedVLA, env: EnvConfig, trajs: list[Trajectory], r
     finally:
         sim.close()
     if episodes:
-        keys = LeRobotKeys({camera: f"observation.images.{camera}" for camera in cameras}, setting="record")
+        keys = LeRobotKeys({camera: sim.image_key(camera) for camera in cameras}, setting="record")
         write_dataset(record.path, episodes, keys, version=record.version, fps=record.fps, video=record.video,
                       codec=record.codec)
     return len(episodes)

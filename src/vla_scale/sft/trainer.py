@@ -24,6 +24,7 @@ from vla_scale.config import Config, ConfigError, SftConfig, as_yaml, sft_proble
 from vla_scale.datasets.episodes import Episode
 from vla_scale.datasets.lerobot import DatasetError, LeRobotKeys, read_dataset
 from vla_scale.envs.registry import simulator
+from vla_scale.envs.simulator import Simulator
 from vla_scale.models.interface import PolicySource, SupervisedBatch
 from vla_scale.run_log import RunLogger, progress
 from vla_scale.run_policy import vla_for_env
@@ -45,9 +46,10 @@ class SftComplete(Exception):
     """A resumed fine-tune has already reached `sft.steps`: there is nothing to do (the entry script exits 0)."""
 
 
-def dataset_keys(sft: SftConfig, cameras: tuple[str, ...]) -> LeRobotKeys:
-    """The dataset features of the policy's cameras, state and action (`sft.cameras` maps cameras it names)."""
-    mapped = {camera: sft.cameras.get(camera, f"observation.images.{camera}") for camera in cameras}
+def dataset_keys(sft: SftConfig, cameras: tuple[str, ...], sim: Simulator) -> LeRobotKeys:
+    """The dataset features of the policy's cameras, state and action (`sft.cameras` maps cameras it names, the
+    others have the simulator's feature names: `Simulator.image_key`)."""
+    mapped = {camera: sft.cameras.get(camera, sim.image_key(camera)) for camera in cameras}
     return LeRobotKeys(mapped, sft.state_key, sft.action_key, setting="sft")
 
 
@@ -55,7 +57,7 @@ def load_demonstrations(cfg: Config, vla: PolicySource) -> list[Episode]:
     """`sft.dataset`'s episodes at the env's camera resolution, or a ConfigError saying what to change (the
     dataset's own problems, then what the policy's family finds in them: `demonstration_problems`)."""
     sim = simulator(cfg.env.name)
-    keys = dataset_keys(cfg.sft, vla.cameras)
+    keys = dataset_keys(cfg.sft, vla.cameras, sim)
     try:
         episodes = read_dataset(cfg.sft.dataset, keys, action_dim=sim.action_dim,
                                 state_dim=sim.proprio_dim if vla.reads_state else None,
