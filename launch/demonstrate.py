@@ -73,7 +73,7 @@ def demonstrate(cfg: Config) -> float:
         played = [(spec, play(env, spec, cfg.demo.noise, rng)) for spec in demonstration_specs(cfg)]
     finally:
         env.close()
-    names = sim.instructions(cfg.env.suite)
+    names = sim.task_names(cfg.env.suite) if sim.task_names else sim.instructions(cfg.env.suite)
     for task in sorted({spec.task_id for spec, _ in played}):
         mine = [d.success for spec, d in played if spec.task_id == task]
         dropped = 0 if cfg.record.episodes == "all" else mine.count(False)

@@ -64,6 +64,19 @@ def success_table(suite: str, instructions: list[str], results: dict[int, list[b
     return rows
 
 
+def group_table(groups: dict[str, list[int]], task_rows: list[list[str]]) -> list[list[str]]:
+    """Rows [group, tasks, episodes, successes, success rate (the mean of its tasks' rates)], then the macro
+    average over the groups (Meta-World's difficulty groups, as LeRobot's and SmolVLA's evaluations report them)."""
+    rows = []
+    for name, ids in groups.items():
+        mine = [task_rows[t] for t in ids]
+        rate = sum(float(r[4]) for r in mine) / len(mine)
+        rows.append([name, str(len(ids)), str(sum(int(r[2]) for r in mine)), str(sum(int(r[3]) for r in mine)),
+                     f"{rate:.3f}"])
+    macro = sum(float(r[4]) for r in rows) / len(rows)
+    return [*rows, ["macro", str(len(rows)), "-", "-", f"{macro:.3f}"]]
+
+
 def protocol_line(env: EnvConfig) -> str:
     """Which episodes ran, for the `policy:` line and the tables' header."""
     ids = init_state_ids(env, "eval")
@@ -75,16 +88,30 @@ def protocol_line(env: EnvConfig) -> str:
     return f"protocol {what}; {len(ids)} episodes per task on {states}{scenes}, {limit}"
 
 
-def write_tables(run_dir: str, suite: str, rows: list[list[str]], protocol: str = "") -> tuple[str, str]:
-    header = ["task", "instruction", "episodes", "successes", "success_rate"]
+TASK_HEADER = ["task", "instruction", "episodes", "successes", "success_rate"]
+GROUP_HEADER = ["group", "tasks", "episodes", "successes", "success_rate"]
+
+
+def write_tables(run_dir: str, suite: str, rows: list[list[str]], protocol: str = "",
+                 groups: list[list[str]] | None = None) -> tuple[str, str]:
+    """eval_<suite>.csv (and eval_<suite>_groups.csv with `groups`) and eval_<suite>.md with both tables."""
     csv_path, md_path = os.path.join(run_dir, f"eval_{suite}.csv"), os.path.join(run_dir, f"eval_{suite}.md")
     with open(csv_path, "w", newline="") as f:
-        csv.writer(f).writerows([header, *rows])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(f"**{c}**" if row[0] == "total" else c for c in row) + " |" for row in rows]
+        csv.writer(f).writerows([TASK_HEADER, *rows])
+    text = f"# {suite}\n\n" + (f"{protocol}\n\n" if protocol else "") + _markdown(TASK_HEADER, rows, "total")
+    if groups:
+        with open(os.path.join(run_dir, f"eval_{suite}_groups.csv"), "w", newline="") as f:
+            csv.writer(f).writerows([GROUP_HEADER, *groups])
+        text += "\n" + _markdown(GROUP_HEADER, groups, "macro")
     with open(md_path, "w") as f:
-        f.write(f"# {suite}\n\n" + (f"{protocol}\n\n" if protocol else "") + "\n".join(lines) + "\n")
+        f.write(text)
     return csv_path, md_path
+
+
+def _markdown(header: list[str], rows: list[list[str]], bold: str) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(f"**{c}**" if row[0] == bold else c for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
 
 
 def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) -> float:
@@ -103,7 +130,10 @@ def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) 
 
     cfg = resolved_config(cfg, vla)
     e = cfg.env
-    instructions = simulator(e.name).instructions(e.suite)
+    sim = simulator(e.name)
+    instructions = sim.instructions(e.suite)
+    if sim.task_names is not None:  # tasks some instructions do not tell apart (Meta-World's push and push-back)
+        instructions = [f"{name}: {text}" for name, text in zip(sim.task_names(e.suite), instructions, strict=True)]
     torch.manual_seed(cfg.seed)
     policy = vla.policy
     source = f"{vla.source} (smoke run)" if not cfg.model.checkpoint else vla.source
@@ -131,15 +161,21 @@ def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) 
     for traj in trajs:
         results[traj.task.task_id].append(traj.success)
     rows = success_table(e.suite, instructions, results)
-    csv_path, md_path = write_tables(run_dir, e.suite, rows, protocol)
+    sim_groups = sim.groups(e.suite, e.num_tasks)
+    groups = group_table(sim_groups, rows) if sim_groups else None
+    csv_path, md_path = write_tables(run_dir, e.suite, rows, protocol, groups)
     rate = float(rows[-1][-1])
-    log.scalars(success_metrics([(t.task, t.success) for t in trajs], e.num_tasks), 0)
+    log.scalars(success_metrics([(t.task, t.success) for t in trajs], e.num_tasks, sim_groups), 0)
     videos = log.episode_videos(trajs, e.eval_videos_per_task or 1, 0, os.path.join(run_dir, "videos"))
     log.close()
     width = max(len(row[1]) for row in rows)
     print(f"\n{protocol}\n{'task':>5}  {'instruction':<{width}}  episodes  success_rate")
     for task, instruction, episodes, _, task_rate in rows:
         print(f"{task:>5}  {instruction:<{width}}  {episodes:>8}  {task_rate:>12}")
+    if groups:
+        print(f"\n{'group':<10}  tasks  episodes  success_rate")
+        for name, tasks, episodes, _, group_rate in groups:
+            print(f"{name:<10}  {tasks:>5}  {episodes:>8}  {group_rate:>12}")
     print(f"\ntables: {csv_path} {md_path}\nvideos: {len(videos)} in {os.path.join(run_dir, 'videos')}"
           f"\ntime:   {time.perf_counter() - t0:.1f}s")
     if cfg.record.path:  # every step of the episodes played, replayed in a simulator here (rollout/recording.py)
@@ -147,7 +183,8 @@ def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) 
 
         recorded = record_played(vla, e, trajs, cfg.record)
         print(f"record: {recorded} episodes ({cfg.record.episodes}) -> {cfg.record.path}")
-    print(f"eval: suite={e.suite} episodes={len(specs)} success_rate={rate:.3f}", flush=True)
+    macro = f" macro_success_rate={groups[-1][-1]}" if groups else ""
+    print(f"eval: suite={e.suite} episodes={len(specs)} success_rate={rate:.3f}{macro}", flush=True)
     return rate
 
 

@@ -39,6 +39,7 @@ from vla_scale.batches import (
     repeat_for_groups,
 )
 from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, validate
+from vla_scale.envs.registry import simulator
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
 from vla_scale.models.fp8 import fp8_problem
@@ -439,7 +440,8 @@ class Trainer:
             outcomes = [item for part in parts for item in part]
         else:
             outcomes = [(t.task, t.success) for t in trajs]
-        metrics = success_metrics(outcomes, self.cfg.env.num_tasks)
+        e = self.cfg.env
+        metrics = success_metrics(outcomes, e.num_tasks, simulator(e.name).groups(e.suite, e.num_tasks))
         self.log.scalars(metrics, self.step)
         videos = os.path.join(self.run_dir, "videos", f"step_{self.step}")
         self.log.episode_videos(trajs, self.cfg.env.eval_videos_per_task, self.step, videos)

@@ -410,7 +410,8 @@ class SftConfig:
     dataset: str = ""
     """The LeRobot-format dataset (v2.1 or v3.0 folder) that launch/sft.py trains on."""
     cameras: dict[str, str] = field(default_factory=dict)
-    """The policy's camera name -> the dataset's image feature key (cameras not named: observation.images.<name>)."""
+    """The policy's camera name -> the dataset's image feature key (cameras not named: the simulator's own,
+    observation.images.<name>; Meta-World's corner2: observation.image, as LeRobot's Meta-World dataset has it)."""
     state_key: str = "observation.state"
     """The dataset feature holding the proprio state the env gives."""
     action_key: str = "action"

@@ -255,15 +255,16 @@ class MetaWorldEnv:
         return self._observe()
 
     def step(self, chunk: np.ndarray) -> ChunkStep:
-        """Run the chunk's actions one by one; stop at success or at the step limit. info: Meta-World's reward of
-        each step run (`rewards`), the episode's steps and its limit."""
+        """Run the chunk's actions one by one, as float32 (Meta-World's action space; LeRobot hands it its policies'
+        float32 actions); stop at success or at the step limit. info: Meta-World's reward of each step run
+        (`rewards`), the episode's steps and its limit."""
         if self._task is None or self._done:
             raise RuntimeError("step() called before reset() or after the episode ended")
         chunk = np.asarray(chunk, dtype=np.float64)
         if chunk.ndim != 2 or chunk.shape[1] != ACTION_DIM or len(chunk) == 0:
             raise ValueError(f"chunk must have shape [T >= 1, {ACTION_DIM}], got {chunk.shape}")
         success, rewards = False, []
-        for action in chunk:
+        for action in chunk.astype(np.float32):
             self._state, reward, _, _, info = self.raw.step(action)
             rewards.append(float(reward))
             self._steps += 1
@@ -341,6 +342,7 @@ SIMULATOR = Simulator(
     name="metaworld", env_class=MetaWorldEnv, settings=MetaWorldSettings, suites=SUITES, cameras=(CAMERA,),
     action_dim=ACTION_DIM, proprio_dim=PROPRIO_DIM, num_init_states=NUM_INIT_STATES, instructions=instructions,
     num_tasks=lambda suite: len(tasks(suite)), step_limits=lambda suite: [MAX_PATH_LENGTH] * len(tasks(suite)),
-    image_keys={CAMERA: "observation.image"}, task_groups=task_groups, max_resolution=MAX_RESOLUTION,
+    image_keys={CAMERA: "observation.image"}, task_names=lambda suite: list(tasks(suite)), task_groups=task_groups,
+    max_resolution=MAX_RESOLUTION,
     scripted_demo="vla_scale.envs.metaworld_demo:play_expert",
 )

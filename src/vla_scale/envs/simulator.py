@@ -60,6 +60,8 @@ class Simulator:
     image_keys: dict[str, str] = field(default_factory=dict)
     """Camera -> the image feature that holds its frames in this simulator's LeRobot datasets (cameras not named:
     `observation.images.<camera>`)."""
+    task_names: Callable[[str], list[str]] | None = None
+    """suite -> each task's name, indexed by task id (for tables); None: the instructions name the tasks."""
     task_groups: Callable[[str], dict[str, list[int]]] | None = None
     """suite -> group name -> its task ids (Meta-World's difficulty groups); None: the tasks form no groups."""
     max_resolution: int | None = None

@@ -48,13 +48,22 @@ class LoopStats:
         }
 
 
-def success_metrics(outcomes: list[tuple[TaskSpec, bool]], num_tasks: int) -> dict[str, float]:
-    """`eval/success_rate` over (task, success) outcomes and `eval/task_<k>_success_rate` for tasks 0..num_tasks-1:
-    what the trainer's evaluation and launch/eval.py log, under the same names."""
+def success_metrics(outcomes: list[tuple[TaskSpec, bool]], num_tasks: int,
+                    groups: dict[str, list[int]] | None = None) -> dict[str, float]:
+    """`eval/success_rate` over (task, success) outcomes and `eval/task_<k>_success_rate` for tasks 0..num_tasks-1;
+    with task `groups` (`Simulator.groups`), `eval/group_<name>_success_rate` (the mean of its tasks' rates) and
+    `eval/group_macro_success_rate` (the mean of the groups'): what the trainer's evaluation and launch/eval.py log,
+    under the same names."""
     metrics = {"eval/success_rate": float(np.mean([ok for _, ok in outcomes]))}
     for task in range(num_tasks):
         mine = [ok for spec, ok in outcomes if spec.task_id == task]
         metrics[f"eval/task_{task}_success_rate"] = float(np.mean(mine))
+    for name, ids in (groups or {}).items():
+        metrics[f"eval/group_{name}_success_rate"] = float(np.mean([metrics[f"eval/task_{t}_success_rate"]
+                                                                    for t in ids]))
+    if groups:
+        metrics["eval/group_macro_success_rate"] = float(np.mean([metrics[f"eval/group_{name}_success_rate"]
+                                                                  for name in groups]))
     return metrics
 
 
