@@ -1,12 +1,12 @@
 """Env steps per second of a simulator fleet, envs side by side:
 `python benchmarks/sim_fleet.py --envs metaworld_mt10 pick_place --sims 4 --procs 2 --seconds 20`.
 
-Each env config (`configs/env/<name>.yaml`, `--override`s after it) gets a `SimFleet` as the trainer builds one
-(`--procs` simulator processes in this process's sim worker, `--sims` simulators in all), every simulator reset to
-the suite's tasks in turn on TRAIN init states; then for `--seconds` every simulator steps chunks of `--chunk`
-uniformly random actions (cameras rendered once per chunk: where the policy looks), an episode that ends is reset to
-the next task. No policy runs: this is the simulators' own throughput. On a machine with a GPU the simulators
-render with EGL on it (`render_device.render_environment`), as the trainer's do. Prints one row per env: env
+Each env config (`configs/env/<name>.yaml`, `--override`s after it) gets `--procs` simulator processes
+(`SimProcess`, what a sim worker runs) holding `--sims` simulators in all, every simulator reset to the suite's tasks
+in turn on TRAIN init states; then for `--seconds` all processes step chunks of `--chunk` uniformly random actions
+at once (cameras rendered once per chunk: where the policy looks), an episode that ends is reset to the next task.
+No policy runs: this is the simulators' own throughput, without Ray. On a machine with a GPU the simulators render
+with EGL on it (`render_device.render_environment`), as the trainer's do. Prints one row per env: env
 steps/s, chunks/s, resets, the resolution and the processes; the last line of each is
 `sim_fleet: env=<name> sims=<n> procs=<p> resolution=<px> env_steps_per_s=<r>`.
 """
@@ -27,7 +27,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from vla_scale.config import Config, init_state_ids, register_configs, to_config  # noqa: E402
 from vla_scale.envs.registry import simulator  # noqa: E402
 from vla_scale.envs.types import ChunkStep, TaskSpec  # noqa: E402
-from vla_scale.parallel.sim.fleet import SimFleet  # noqa: E402
+from vla_scale.parallel.sim.process import SimProcess  # noqa: E402
 from vla_scale.parallel.sim.render_device import render_environment  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -40,34 +40,43 @@ def env_config(name: str, overrides: list[str]) -> Config:
 
 
 def measure(cfg: Config, sims: int, procs: int, chunk: int, seconds: float) -> dict[str, float]:
-    """Env steps, chunks and resets per second of `sims` simulators of `cfg.env` stepping random chunks."""
+    """Env steps, chunks and resets per second of `sims` simulators of `cfg.env` in `procs` processes stepping random
+    chunks."""
+    if sims % procs:
+        raise SystemExit(f"--sims {sims} must divide over --procs {procs}")
     e = cfg.env
     sim = simulator(e.name)
     ids = init_state_ids(e, "train")
     specs = (TaskSpec(e.suite, k % e.num_tasks, ids[(k // e.num_tasks) % len(ids)]) for k in range(10**9))
-    gpu = _gpu()
-    fleet = SimFleet(e.name, e.simulator_kwargs(), sims, 1, procs, timeout_s=600.0,
-                     environment=render_environment(0 if gpu else None))
+    slots = sims // procs
+    environment = render_environment(0 if _gpu() else None)
+    fleet = [SimProcess(e.name, slots, e.simulator_kwargs(), boot_timeout_s=600.0, environment=environment)
+             for _ in range(procs)]
     rng = np.random.default_rng(0)
-    everyone = np.ones(sims, bool)
+    everyone = np.ones(slots, bool)
     try:
-        fleet.send_reset([next(specs) for _ in range(sims)], everyone)
-        fleet.recv()
+        for proc in fleet:
+            proc.send_reset([next(specs) for _ in range(slots)])
+        for proc in fleet:
+            proc.recv(600.0)
         steps = chunks = resets = 0
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
-            fleet.send_step(rng.uniform(-1, 1, (sims, chunk, sim.action_dim)), everyone)
-            results = fleet.recv()
-            done = np.array([isinstance(r, ChunkStep) and r.done for r in results])
-            steps += sum(r.steps_taken for r in results if isinstance(r, ChunkStep))
-            chunks += sims
-            if done.any():
-                fleet.send_reset([next(specs) if d else None for d in done], done)
-                fleet.recv()
-                resets += int(done.sum())
+            for proc in fleet:
+                proc.send_step(rng.uniform(-1, 1, (slots, chunk, sim.action_dim)), everyone)
+            for proc in fleet:
+                results = proc.recv(600.0)
+                done = np.array([isinstance(r, ChunkStep) and r.done for r in results])
+                steps += sum(r.steps_taken for r in results if isinstance(r, ChunkStep))
+                chunks += slots
+                if done.any():
+                    proc.send_reset([next(specs) if d else None for d in done], done)
+                    proc.recv(600.0)
+                    resets += int(done.sum())
         elapsed = time.perf_counter() - t0
     finally:
-        fleet.close()
+        for proc in fleet:
+            proc.close()
     return {"env_steps_per_s": steps / elapsed, "chunks_per_s": chunks / elapsed, "resets": resets,
             "seconds": elapsed}
 

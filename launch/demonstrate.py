@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco's import: the simulator renders headless here
 
@@ -58,10 +59,11 @@ def problems(cfg: Config) -> list[str]:
 
 
 def demonstrate(cfg: Config) -> float:
+    """Plays the demonstrations and writes those `record.episodes` keeps as they are played (one held at a time)."""
     import numpy as np
 
     from vla_scale.datasets.episodes import Episode
-    from vla_scale.datasets.lerobot import LeRobotKeys, write_dataset
+    from vla_scale.datasets.lerobot import LeRobotKeys, NoEpisodes, write_dataset
     from vla_scale.envs.registry import make_env, simulator
     from vla_scale.envs.scripted import scripted_demo
 
@@ -69,24 +71,32 @@ def demonstrate(cfg: Config) -> float:
     play = scripted_demo(sim.scripted_demo)
     env = make_env(cfg.env.name, **cfg.env.simulator_kwargs())
     rng = np.random.default_rng(cfg.seed)
+    outcomes: dict[int, list[bool]] = {}
+
+    def kept() -> Iterator[Episode]:
+        for spec in demonstration_specs(cfg):
+            d = play(env, spec, cfg.demo.noise, rng)
+            outcomes.setdefault(spec.task_id, []).append(d.success)
+            if d.success or cfg.record.episodes == "all":
+                actions = d.intended if cfg.demo.label == "intended" else d.actions
+                yield Episode(d.instruction, d.images, d.state, actions, d.success, d.extras)
+
+    keys = LeRobotKeys(cameras={c: sim.image_key(c) for c in sim.cameras}, setting="sft")
     try:
-        played = [(spec, play(env, spec, cfg.demo.noise, rng)) for spec in demonstration_specs(cfg)]
+        write_dataset(cfg.record.path, kept(), keys, version=cfg.record.version, fps=cfg.record.fps,
+                      video=cfg.record.video, codec=cfg.record.codec, robot_type=sim.name)
+    except NoEpisodes:
+        pass  # every demonstration failed and only successes are kept: nothing to write
     finally:
         env.close()
     names = sim.task_names(cfg.env.suite) if sim.task_names else sim.instructions(cfg.env.suite)
-    for task in sorted({spec.task_id for spec, _ in played}):
-        mine = [d.success for spec, d in played if spec.task_id == task]
+    for task, mine in sorted(outcomes.items()):
         dropped = 0 if cfg.record.episodes == "all" else mine.count(False)
         print(f"task {task} ({names[task]}): played={len(mine)} succeeded={sum(mine)} dropped={dropped}")
-    kept = [d for _, d in played if d.success or cfg.record.episodes == "all"]
-    episodes = [Episode(d.instruction, d.images, d.state, d.intended if cfg.demo.label == "intended" else d.actions,
-                        d.success, d.extras) for d in kept]
-    keys = LeRobotKeys(cameras={c: sim.image_key(c) for c in sim.cameras}, setting="sft")
-    if episodes:
-        write_dataset(cfg.record.path, episodes, keys, version=cfg.record.version, fps=cfg.record.fps,
-                      video=cfg.record.video, codec=cfg.record.codec, robot_type=sim.name)
-    rate = sum(d.success for _, d in played) / len(played)
-    print(f"demonstrate: episodes={len(played)} recorded={len(episodes)} success_rate={rate:.3f} "
+    played = [ok for mine in outcomes.values() for ok in mine]
+    recorded = len(played) if cfg.record.episodes == "all" else sum(played)
+    rate = sum(played) / len(played)
+    print(f"demonstrate: episodes={len(played)} recorded={recorded} success_rate={rate:.3f} "
           f"path={cfg.record.path}", flush=True)
     return rate
 

@@ -3,6 +3,7 @@ before any heavy work, and datasets laid out by hand as LeRobot lays them out, r
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -24,6 +25,7 @@ from vla_scale.datasets.episodes import Episode  # noqa: E402
 from vla_scale.datasets.lerobot import (  # noqa: E402
     DatasetError,
     LeRobotKeys,
+    NoEpisodes,
     dataset_problems,
     read_dataset,
     write_dataset,
@@ -293,6 +295,31 @@ def test_writing_is_deterministic(tmp_path: Path) -> None:
     first = write_dataset(tmp_path / "a", make_episodes(), KEYS)
     second = write_dataset(tmp_path / "b", make_episodes(), KEYS)
     assert file_digests(first) == file_digests(second)
+
+
+@pytest.mark.parametrize("version", ["v2.1", "v3.0"])
+def test_episodes_streamed_write_the_same_files_and_extras_are_features(tmp_path: Path, version: str) -> None:
+    """A generator's episodes are written one at a time into the same files as the list; extra per-step vectors
+    become float32 features (a [T, 1] one a scalar column) with their stats; an episode that does not fit the first
+    is refused when it comes; no episode at all is NoEpisodes, before the folder is made."""
+    whole = write_dataset(tmp_path / "list", make_episodes(), KEYS, version=version, video=False)
+    streamed = write_dataset(tmp_path / "stream", (e for e in make_episodes()), KEYS, version=version, video=False)
+    assert file_digests(whole) == file_digests(streamed)
+    rng = np.random.default_rng(1)
+    extra = [dataclasses.replace(e, extras={"observation.environment_state": rng.random((len(e), 39), np.float32),
+                                            "next.reward": rng.random((len(e), 1), np.float32)})
+             for e in make_episodes()]
+    root = write_dataset(tmp_path / "extras", iter(extra), KEYS, version=version, video=False)
+    features = info_of(root)["features"]
+    assert features["observation.environment_state"]["shape"] == [39] and features["next.reward"]["shape"] == [1]
+    assert features["next.reward"]["names"] is None
+    assert_same(make_episodes(), read_dataset(root, KEYS))  # the extras are written, not read back
+    odd = [*extra[:2], make_episodes()[2]]  # no extras
+    with pytest.raises(ValueError, match="cannot write episode 2 into this dataset: episode 2 has extras"):
+        write_dataset(tmp_path / "odd", iter(odd), KEYS, version=version, video=False)
+    with pytest.raises(NoEpisodes):
+        write_dataset(tmp_path / "none", iter([]), KEYS, version=version)
+    assert not (tmp_path / "none").exists()
 
 
 def test_a_dataset_is_not_written_over_another(tmp_path: Path) -> None:

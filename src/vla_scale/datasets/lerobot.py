@@ -11,7 +11,7 @@ known, is each frame's next.success (true on the last frame of a successful epis
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,23 +20,27 @@ from vla_scale.datasets import lerobot_v21, lerobot_v30
 from vla_scale.datasets.episodes import Episode
 from vla_scale.datasets.lerobot_format import (
     DatasetError,
+    EpisodeStream,
     LeRobotKeys,
+    NoEpisodes,
     dataset_problems,
     load_info,
     writing_problems,
 )
 from vla_scale.datasets.video import DEFAULT_CODEC, codec_named
 
-__all__ = ["DatasetError", "LeRobotKeys", "dataset_problems", "read_dataset", "write_dataset"]
+__all__ = ["DatasetError", "LeRobotKeys", "NoEpisodes", "dataset_problems", "read_dataset", "write_dataset"]
 
 LAYOUTS = {"v2.1": lerobot_v21, "v3.0": lerobot_v30}
 
 
-def write_dataset(root: Path | str, episodes: Sequence[Episode], keys: LeRobotKeys, *, version: str = "v3.0",
+def write_dataset(root: Path | str, episodes: Iterable[Episode], keys: LeRobotKeys, *, version: str = "v3.0",
                   fps: int = 10, video: bool = True, codec: str = DEFAULT_CODEC,
                   robot_type: str = "vla_scale") -> Path:
     """Writes `episodes` as a complete LeRobot dataset in `root` (which must be missing or empty) and returns it.
 
+    A sequence is checked whole before anything is written; any other iterable (a generator playing episodes) is
+    written one episode at a time, each checked against the first as it comes, so no more than one is held.
     video: cameras as .mp4 files encoded with `codec` (see video.CODECS), else as PNG images in the data files.
     """
     root = Path(root)
@@ -46,12 +50,12 @@ def write_dataset(root: Path | str, episodes: Sequence[Episode], keys: LeRobotKe
         raise ValueError(f"fps must be >= 1, got {fps}")
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise FileExistsError(f"{root} exists and is not an empty folder: a dataset is written only into a new one")
-    problems = writing_problems(list(episodes), keys)
-    if problems:
+    if isinstance(episodes, Sequence) and (problems := writing_problems(list(episodes), keys)):
         raise ValueError("cannot write these episodes as one dataset: " + "; ".join(problems))
-    root.mkdir(parents=True, exist_ok=True)
     chosen = codec_named(codec) if video else None
-    LAYOUTS[version].write(root, list(episodes), keys, fps=fps, codec=chosen, robot_type=robot_type)
+    stream = EpisodeStream(episodes, keys)  # the first episode is played (a generator's) before the folder is made
+    root.mkdir(parents=True, exist_ok=True)
+    LAYOUTS[version].write(root, stream, keys, fps=fps, codec=chosen, robot_type=robot_type)
     return root
 
 

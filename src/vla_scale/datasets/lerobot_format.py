@@ -3,7 +3,9 @@ meta/info.json's `features` block, and the metadata-only checks that say what ke
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,9 +75,33 @@ def chunk_and_file(n: int) -> tuple[int, int]:
     return n // CHUNKS_SIZE, n % CHUNKS_SIZE
 
 
-def task_indices(episodes: list[Episode]) -> dict[str, int]:
-    """Each distinct instruction's task index, in order of first appearance."""
-    return {text: i for i, text in enumerate(dict.fromkeys(e.instruction for e in episodes))}
+class NoEpisodes(ValueError):
+    """A dataset was asked of no episodes."""
+
+
+class EpisodeStream:
+    """Episodes as a writer takes them, one at a time, so a dataset of any size is written without holding it: each
+    checked against the first (`writing_problems`), each instruction given its task index at its first appearance
+    (`tasks`), the counts meta/info.json needs kept as they pass."""
+
+    def __init__(self, episodes: Iterable[Episode], keys: LeRobotKeys) -> None:
+        self._rest = iter(episodes)
+        first = next(self._rest, None)
+        if first is None:
+            raise NoEpisodes("cannot write these episodes as one dataset: there are no episodes to write")
+        self.first, self.keys = first, keys
+        self.tasks: dict[str, int] = {}
+        self.count = self.frames = 0
+
+    def __iter__(self) -> Iterator[Episode]:
+        for episode in itertools.chain([self.first], self._rest):
+            if self.count and (problems := writing_problems([self.first, episode], self.keys)):
+                raise ValueError(f"cannot write episode {self.count} into this dataset: " +
+                                 "; ".join(p.replace("episode 1", f"episode {self.count}") for p in problems))
+            self.tasks.setdefault(episode.instruction, len(self.tasks))
+            self.count += 1
+            self.frames += len(episode)
+            yield episode
 
 
 def features_of(episodes: list[Episode], keys: LeRobotKeys, video: bool) -> dict[str, dict[str, Any]]:

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vla_scale.datasets.episodes import Episode
-from vla_scale.datasets.lerobot_format import CHUNKS_SIZE, LeRobotKeys, features_of, task_indices, write_json
+from vla_scale.datasets.lerobot_format import CHUNKS_SIZE, EpisodeStream, LeRobotKeys, features_of, write_json
 from vla_scale.datasets.lerobot_frames import (
     assemble,
     frame_schema,
@@ -31,16 +31,16 @@ DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
 VIDEO_PATH = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
 
 
-def write(root: Path, episodes: list[Episode], keys: LeRobotKeys, *, fps: int, codec: VideoCodec | None,
+def write(root: Path, episodes: EpisodeStream, keys: LeRobotKeys, *, fps: int, codec: VideoCodec | None,
           robot_type: str) -> None:
-    """Writes the whole dataset; `codec` None stores images as PNG in the data files instead of videos."""
-    features = features_of(episodes, keys, video=codec is not None)
+    """Writes the whole dataset, one episode at a time; `codec` None stores images as PNG in the data files instead
+    of videos."""
+    features = features_of([episodes.first], keys, video=codec is not None)
     schema = frame_schema(features)
-    tasks = task_indices(episodes)
     listed, stats, first_index = [], [], 0
     for i, episode in enumerate(episodes):
         table = frame_table(episode, keys, schema, episode_index=i, first_index=first_index,
-                            task_index=tasks[episode.instruction], fps=fps)
+                            task_index=episodes.tasks[episode.instruction], fps=fps)
         path = root / DATA_PATH.format(episode_chunk=i // CHUNKS_SIZE, episode_index=i)
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, path, compression="snappy")
@@ -54,10 +54,10 @@ def write(root: Path, episodes: list[Episode], keys: LeRobotKeys, *, fps: int, c
         for key in keys.cameras.values():
             first = root / VIDEO_PATH.format(episode_chunk=0, video_key=key, episode_index=0)
             features[key]["info"] = video_info(first)
-    _write_lines(root / "meta/tasks.jsonl", [{"task_index": i, "task": text} for text, i in tasks.items()])
+    _write_lines(root / "meta/tasks.jsonl", [{"task_index": i, "task": text} for text, i in episodes.tasks.items()])
     _write_lines(root / "meta/episodes.jsonl", listed)
     _write_lines(root / "meta/episodes_stats.jsonl", stats)
-    write_json(root / "meta/info.json", info(features, episodes, len(tasks), fps, codec is not None, robot_type))
+    write_json(root / "meta/info.json", info(features, episodes, fps, codec is not None, robot_type))
 
 
 def _write_videos(root: Path, index: int, episode: Episode, keys: LeRobotKeys, codec: VideoCodec, fps: int) -> None:
@@ -68,11 +68,11 @@ def _write_videos(root: Path, index: int, episode: Episode, keys: LeRobotKeys, c
         video.close()
 
 
-def info(features: dict[str, Any], episodes: list[Episode], tasks: int, fps: int, video: bool,
-         robot_type: str) -> dict[str, Any]:
-    count = len(episodes)
+def info(features: dict[str, Any], episodes: EpisodeStream, fps: int, video: bool, robot_type: str) -> dict[str, Any]:
+    """meta/info.json of the episodes written."""
+    count = episodes.count
     return {"codebase_version": VERSION, "robot_type": robot_type, "total_episodes": count,
-            "total_frames": sum(len(e) for e in episodes), "total_tasks": tasks,
+            "total_frames": episodes.frames, "total_tasks": len(episodes.tasks),
             "total_videos": count * sum(f["dtype"] == "video" for f in features.values()),
             "total_chunks": -(-count // CHUNKS_SIZE), "chunks_size": CHUNKS_SIZE, "fps": fps,
             "splits": {"train": f"0:{count}"}, "data_path": DATA_PATH, "video_path": VIDEO_PATH if video else None,

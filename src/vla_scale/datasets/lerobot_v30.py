@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 from vla_scale.datasets.episodes import Episode
 from vla_scale.datasets.lerobot_format import (
     CHUNKS_SIZE,
+    EpisodeStream,
     LeRobotKeys,
     chunk_and_file,
     features_of,
-    task_indices,
     write_json,
 )
 from vla_scale.datasets.lerobot_frames import (
@@ -101,17 +101,17 @@ class VideoFiles:
             self.current, self.written = None, self.written + 1
 
 
-def write(root: Path, episodes: list[Episode], keys: LeRobotKeys, *, fps: int, codec: VideoCodec | None,
+def write(root: Path, episodes: EpisodeStream, keys: LeRobotKeys, *, fps: int, codec: VideoCodec | None,
           robot_type: str) -> None:
-    """Writes the whole dataset; `codec` None stores images as PNG in the data files instead of videos."""
-    features = features_of(episodes, keys, video=codec is not None)
-    tasks = task_indices(episodes)
+    """Writes the whole dataset, one episode at a time; `codec` None stores images as PNG in the data files instead
+    of videos."""
+    features = features_of([episodes.first], keys, video=codec is not None)
     data = DataFiles(root, frame_schema(features))
     videos = {key: VideoFiles(root, key, codec, fps) for key in keys.cameras.values()} if codec else {}
     rows, stats, first_index = [], [], 0
     for i, episode in enumerate(episodes):
         table = frame_table(episode, keys, data.schema, episode_index=i, first_index=first_index,
-                            task_index=tasks[episode.instruction], fps=fps)
+                            task_index=episodes.tasks[episode.instruction], fps=fps)
         images = {key: episode.images[camera] for camera, key in keys.cameras.items()}
         stats.append(episode_stats(table, images, features, quantiles=True))
         row = episode_row(i, episode, first_index, data.add(table)) | _videos_row(videos, images)
@@ -121,7 +121,8 @@ def write(root: Path, episodes: list[Episode], keys: LeRobotKeys, *, fps: int, c
     for key, files in videos.items():
         files.close()
         features[key]["info"] = video_info(files.first_path)
-    _write_meta(root, rows, tasks, aggregate(stats), info(features, episodes, fps, codec is not None, robot_type))
+    _write_meta(root, rows, episodes.tasks, aggregate(stats), info(features, episodes, fps, codec is not None,
+                                                                   robot_type))
 
 
 def episode_row(index: int, episode: Episode, first_index: int, data_file: tuple[int, int]) -> dict[str, Any]:
@@ -139,11 +140,12 @@ def _videos_row(videos: dict[str, VideoFiles], images: dict[str, np.ndarray]) ->
     return row
 
 
-def info(features: dict[str, Any], episodes: list[Episode], fps: int, video: bool, robot_type: str) -> dict:
-    return {"codebase_version": VERSION, "robot_type": robot_type, "total_episodes": len(episodes),
-            "total_frames": sum(len(e) for e in episodes), "total_tasks": len(task_indices(episodes)),
+def info(features: dict[str, Any], episodes: EpisodeStream, fps: int, video: bool, robot_type: str) -> dict:
+    """meta/info.json of the episodes written."""
+    return {"codebase_version": VERSION, "robot_type": robot_type, "total_episodes": episodes.count,
+            "total_frames": episodes.frames, "total_tasks": len(episodes.tasks),
             "chunks_size": CHUNKS_SIZE, "data_files_size_in_mb": DATA_FILE_MB,
-            "video_files_size_in_mb": VIDEO_FILE_MB, "fps": fps, "splits": {"train": f"0:{len(episodes)}"},
+            "video_files_size_in_mb": VIDEO_FILE_MB, "fps": fps, "splits": {"train": f"0:{episodes.count}"},
             "data_path": DATA_PATH, "video_path": VIDEO_PATH if video else None, "features": features}
 
 

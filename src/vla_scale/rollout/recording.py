@@ -67,8 +67,8 @@ def record_played(vla: PretrainedVLA, env: EnvConfig, trajs: list[Trajectory], r
     how many were written."""
     from vla_scale.datasets.lerobot import LeRobotKeys, write_dataset
 
-    sim = simulator(env.name)
-    cameras = sim.cameras
+    record_of = simulator(env.name)
+    cameras = record_of.cameras
     chosen = [t for t in trajs if t.success or record.episodes == "all"]
     sim = replay_env(vla, env)
     try:
@@ -76,7 +76,7 @@ def record_played(vla: PretrainedVLA, env: EnvConfig, trajs: list[Trajectory], r
     finally:
         sim.close()
     if episodes:
-        keys = LeRobotKeys({camera: sim.image_key(camera) for camera in cameras}, setting="record")
+        keys = LeRobotKeys({camera: record_of.image_key(camera) for camera in cameras}, setting="record")
         write_dataset(record.path, episodes, keys, version=record.version, fps=record.fps, video=record.video,
                       codec=record.codec)
     return len(episodes)
