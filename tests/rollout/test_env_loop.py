@@ -118,3 +118,8 @@ def test_success_metrics_give_the_rate_and_each_tasks_rate_under_the_logged_name
     outcomes = [(TaskSpec("reach", 0, 1), True), (TaskSpec("reach", 0, 2), False), (TaskSpec("reach", 1, 1), True)]
     assert success_metrics(outcomes, 2) == {"eval/success_rate": 2 / 3, "eval/task_0_success_rate": 0.5,
                                             "eval/task_1_success_rate": 1.0}
+    # task groups: each the mean of its tasks' rates, the macro average the mean of the groups' (not of episodes)
+    outcomes += [(TaskSpec("reach", 2, 1), False)]
+    grouped = success_metrics(outcomes, 3, {"easy": [0, 1], "hard": [2]})
+    assert grouped["eval/group_easy_success_rate"] == 0.75 and grouped["eval/group_hard_success_rate"] == 0.0
+    assert grouped["eval/group_macro_success_rate"] == 0.375 and grouped["eval/success_rate"] == 0.5
