@@ -4,6 +4,7 @@ collective both loops ask (a value's mean over the ranks)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Callable, Collection
@@ -80,9 +81,29 @@ def init_distributed() -> tuple[int, int]:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
         if "MASTER_PORT" in os.environ:  # a launcher's: every rank must meet there
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+            release_shared_buffer()
         else:
             _init_alone(lambda: deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False))
     return dist.get_rank(), dist.get_world_size()
+
+
+SHARED_BUFFER = "/dev/shm/deepspeed_allreduce_buffer"
+"""DeepSpeed's CPU all-reduce buffers: `<this>_<uid>_<master addr>_<master port>_<rank>`, 66 MB each."""
+
+
+def release_shared_buffer() -> None:
+    """Remove this rank's name of DeepSpeed's CPU all-reduce buffer from /dev/shm.
+
+    When a launcher starts every rank on one machine (its LOCAL_SIZE is the world size), DeepSpeed's CPU
+    communication op creates a 66 MB shared-memory buffer per rank while the process group starts, each rank mapping
+    every rank's, and never removes them. Once every rank has mapped them all (the barrier), the names can go: the
+    mappings live until the processes end, and nothing is left in /dev/shm, even by a run that is killed later."""
+    path = f"{SHARED_BUFFER}_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_{os.environ.get('MASTER_PORT', '')}_" \
+           f"{dist.get_rank()}"
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def mean_over_ranks(value: float, world: int, device: torch.device) -> float:

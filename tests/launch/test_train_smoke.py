@@ -93,6 +93,8 @@ def test_two_ranks_under_the_deepspeed_launcher_share_one_run(tmp_path):
     cmd = two_ranks(*TINY, "algo.batch_size=4", "steps=2", "eval_every=1", "save_every=1", "deepspeed=zero3")
     proc = subprocess.run(cmd, cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    port = cmd[cmd.index("--master_port") + 1]  # DeepSpeed's CPU all-reduce buffers are named after it
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*")), "left in /dev/shm"
     runs = list((tmp_path / "runs").iterdir())
     assert len(runs) == 1, runs  # one directory for both ranks
     assert proc.stdout.count("tensorboard:") == 1  # only rank 0 prints
