@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models.checkpoint_io import LATEST, RUN_CHECKPOINTS, write_folder
+from vla_scale.parallel.ranks import mean_over_ranks
 from vla_scale.parallel.sync.weight_sync import gathered_buckets
-from vla_scale.run_setup import mean_over_ranks
 
 if TYPE_CHECKING:
     from vla_scale.models.interface import PolicySource

@@ -106,16 +106,6 @@ def release_shared_buffer() -> None:
         os.unlink(path)
 
 
-def mean_over_ranks(value: float, world: int, device: torch.device) -> float:
-    """`value`'s mean over the ranks (every rank must call it equally often: it is a collective). `device`: where
-    this rank's tensors live (NCCL reduces device tensors only)."""
-    if world == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return t.item() / world
-
-
 def make_deterministic() -> None:
     """What makes a same-seed run repeat bit for bit: CPU float sums split over several threads land in an order
     that varies from run to run, so one intra-op thread; on GPU, deterministic kernels (cuBLAS needs its workspace

@@ -44,6 +44,7 @@ from vla_scale.envs.types import TaskSpec
 from vla_scale.models import PretrainedVLA
 from vla_scale.models.fp8 import fp8_problem
 from vla_scale.parallel.actor import Actor, UpdateResult
+from vla_scale.parallel.ranks import mean_over_ranks
 from vla_scale.parallel.sim.cluster import start_ray
 from vla_scale.parallel.sim.fleet import SimFleet, SimNodeLost
 from vla_scale.parallel.sync.weight_sync import SyncReport, sync_weights
@@ -58,7 +59,6 @@ from vla_scale.run_setup import (
     init_distributed,
     launched_world_size,
     make_deterministic,
-    mean_over_ranks,
     resolved_config,
 )
 from vla_scale.stop_signals import Preempted, StopSignals

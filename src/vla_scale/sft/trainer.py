@@ -26,13 +26,13 @@ from vla_scale.datasets.lerobot import DatasetError, LeRobotKeys, read_dataset
 from vla_scale.envs.registry import simulator
 from vla_scale.envs.simulator import Simulator
 from vla_scale.models.interface import PolicySource, SupervisedBatch
+from vla_scale.parallel.ranks import mean_over_ranks
 from vla_scale.run_log import RunLogger, progress
 from vla_scale.run_policy import vla_for_env
 from vla_scale.run_setup import (
     init_distributed,
     launched_world_size,
     make_deterministic,
-    mean_over_ranks,
     resolved_config,
 )
 from vla_scale.stop_signals import Preempted, StopSignals

@@ -32,6 +32,7 @@ from vla_scale.models.lora import add_adapters
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.models.processor import PreparedInputs
 from vla_scale.parallel.actor.optimizer_states import OptimizerStates, StatesStream, stream_states_through_step
+from vla_scale.parallel.ranks import mean_over_ranks
 
 REDUCE_BUCKET_SIZE = 500_000_000
 """DeepSpeed's default gradient reduce bucket, in elements."""
@@ -316,8 +317,6 @@ class Actor:
             self.engine.optimizer.param_groups[0]["lr"] = lr
 
     def _mean_over_ranks(self, value: float) -> float:
-        from vla_scale.run_setup import mean_over_ranks
-
         world = dist.get_world_size() if dist.is_initialized() else 1
         return mean_over_ranks(value, world, self.device)
 
