@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import read_scalars, run_script
 
+pytestmark = pytest.mark.slow  # launches the entry scripts: demonstrations, a fine-tune, an evaluation
 pytest.importorskip("av", reason="PyAV (the av package) writes and reads the datasets' videos: `make install`")
 pytest.importorskip("metaworld", reason="Meta-World is not installed: `make metaworld`")
 
@@ -64,7 +65,6 @@ def test_expert_demonstrations_have_lerobots_features_and_re_read(demonstrations
         assert got.images["corner2"].shape == want.images["corner2"].shape and error.max() <= 2
 
 
-@pytest.mark.slow
 def test_a_tiny_policy_fine_tunes_evaluates_and_other_cameras_are_refused(demonstrations, tmp_path: Path) -> None:
     run = tmp_path / "sft"
     proc = run_script("sft", *SMALL, "model=tiny_metaworld", f"sft.dataset={demonstrations['v3.0']}",

@@ -61,6 +61,7 @@ def _fine_tune(run: Path, dataset: Path, *overrides: str) -> SupervisedTrainer:
     return trainer
 
 
+@pytest.mark.slow  # fine-tunes
 def test_launch_sft_fine_tunes_a_tiny_pi0_and_saves_an_openpi_folder(tmp_path, dataset):
     from vla_scale.models.pi0.checkpoint import read_pi0_folder
 
@@ -76,6 +77,7 @@ def test_launch_sft_fine_tunes_a_tiny_pi0_and_saves_an_openpi_folder(tmp_path, d
     assert (spec.vision.image_size, spec.vision.patch_size) == (32, 8)  # the tower's shape travels with the folder
 
 
+@pytest.mark.slow  # fine-tunes
 def test_the_flow_loss_falls_on_a_repeated_batch():
     import torch
 
@@ -98,6 +100,7 @@ def test_the_flow_loss_falls_on_a_repeated_batch():
     assert losses[-1] < 0.8 * losses[0] and min(losses[-3:]) < min(losses[:3]), losses
 
 
+@pytest.mark.slow  # fine-tunes
 def test_a_resumed_pi0_fine_tune_ends_bit_for_bit_where_an_uninterrupted_one_does(tmp_path, dataset):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     _fine_tune(whole, dataset, "sft.steps=3")
