@@ -4,6 +4,7 @@ LeRobot's env renders it; held-out placements; the rendering keys; the refusals.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 
@@ -34,12 +35,18 @@ from vla_scale.envs.types import TaskSpec  # noqa: E402
 TASKS = ("reach-v3", "pick-place-v3", "drawer-close-v3")
 
 
+@functools.cache
+def mt1(name: str) -> object:
+    """Meta-World's MT1 benchmark of `name` as LeRobot makes it (seed 42: 50 placement draws, so made once)."""
+    return metaworld.MT1(name, seed=42)
+
+
 def lerobot_built(name: str, seed: int, **kwargs) -> object:
     """Meta-World's env of `name` as LeRobot's Meta-World env builds it (`lerobot/envs/metaworld.py`: an MT1 task set,
     corner2 moved, placements from the seeded generator), reset with `seed`."""
-    mt1 = metaworld.MT1(name, seed=42)
-    env = mt1.train_classes[name](**kwargs)
-    env.set_task(mt1.train_tasks[0])
+    benchmark = mt1(name)
+    env = benchmark.train_classes[name](**kwargs)
+    env.set_task(benchmark.train_tasks[0])
     env.model.cam_pos[2] = [0.75, 0.075, 0.7]
     env.reset()
     env._freeze_rand_vec = False
