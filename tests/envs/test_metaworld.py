@@ -193,3 +193,17 @@ def test_metaworld_missing_is_refused_before_anything_starts() -> None:
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "Meta-World is not installed: run `make metaworld`" in proc.stdout, proc.stdout
+
+
+def test_a_pi0_prompt_budget_the_tasks_do_not_fit_is_refused() -> None:
+    """π0's prompt is the instruction alone, so every task's is known before anything starts: one over the budget
+    would be cut at every decode."""
+    from vla_scale.run_policy import vla_for_env
+
+    tokenizer = ROOT / "tests" / "fixtures" / "openpi_reference" / "tokenizer.model"
+    cfg = shipped("env=metaworld_mt10", "model=pi0_tiny", f"model.pi0.tokenizer={tokenizer}")
+    with pytest.raises(ConfigError, match=r"the instruction '.+' of env.suite=mt10 makes a prompt of (\d+) tokens > "
+                                          r"the policy's budget 12: set model.pi0.max_token_len=\1"):
+        vla_for_env(cfg.model, cfg.env)
+    cfg.model.pi0.max_token_len = 48
+    assert vla_for_env(cfg.model, cfg.env).spec.max_token_len == 48

@@ -66,6 +66,8 @@ class EnvKeys(Protocol):
     """The env keys a policy is fitted to (the run's `env.*` group)."""
 
     name: str
+    suite: str
+    num_tasks: int
     camera_resolution: int
 
     def simulator_kwargs(self) -> dict[str, Any]: ...

@@ -97,10 +97,22 @@ class Pi0Source:
         return env.camera_resolution or self.spec.vision.image_size
 
     def check_env(self, env: EnvKeys) -> list[str]:
+        """Robot vectors wider than the model's; for π0 (whose prompt is the instruction alone), instructions of the
+        tasks played whose prompts exceed the budget and would be cut. (π0.5's prompt carries the state too, known
+        only as the episode runs.)"""
         face, width = simulator(env.name), self.spec.action_dim
         sizes = {"actions": face.action_dim, "proprio states": face.proprio_dim}
-        return [f"env {env.name!r} has {n}-d {what} but the policy's action size is {width}: set "
-                f"model.pi0.action_dim >= {n}" for what, n in sizes.items() if n > width]
+        problems = [f"env {env.name!r} has {n}-d {what} but the policy's action size is {width}: set "
+                    f"model.pi0.action_dim >= {n}" for what, n in sizes.items() if n > width]
+        if self.spec.state_in_prompt or env.suite not in face.suites:
+            return problems
+        played = face.instructions(env.suite)[: env.num_tasks]
+        length, longest = max((len(self.tokenizer.prompt_ids(text)), text) for text in played)
+        if length > self.spec.max_token_len:
+            problems.append(f"the instruction {longest!r} of env.suite={env.suite} makes a prompt of {length} tokens "
+                            f"> the policy's budget {self.spec.max_token_len}: set model.pi0.max_token_len={length} "
+                            "(a checkpoint keeps its own budget: play tasks whose prompts fit it)")
+        return problems
 
     def rollout_problems(self) -> list[str]:
         return []
