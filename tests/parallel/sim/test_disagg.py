@@ -81,3 +81,27 @@ def test_a_simulation_node_lost_mid_rollout_stops_with_one_error_after_saving(cl
     from conftest import read_scalars
 
     assert read_scalars(str(run / "tb"))["faults/lost_sim_workers"] == [(done + 1, 1.0)]
+
+
+@pytest.mark.slow
+def test_meta_world_simulators_run_on_the_sim_node(cluster, tiny_config, tmp_path):
+    """Meta-World's simulators as any other's: built on the simulation node, pipelined, a step trains."""
+    pytest.importorskip("metaworld", reason="Meta-World is not installed: `make metaworld`")
+    sim_node = cluster.add_node(num_cpus=1, resources={"sim": 1})
+    cluster.wait_for_nodes()
+    cfg = tiny_config("env=metaworld_mt10", "model=tiny_metaworld", "model.hidden_size=32", "model.num_layers=1",
+                      "model.intermediate_size=64", "model.vision_dim=32", "model.num_heads=2", "env.num_tasks=2",
+                      "env.camera_resolution=32", "env.max_steps=16", "env.num_eval_init_states=1",
+                      "parallel.disagg_sim.enable=true", "parallel.disagg_sim.nnodes=1",
+                      f"parallel.ray_address={cluster.address}", "steps=1", "eval_every=1",
+                      "rollout.pipeline_stage_num=2")
+    trainer = Trainer(cfg, str(tmp_path / "run"))
+    try:
+        trainer.setup()
+        nodes = ray.get([w.node_id.remote() for w in trainer.fleet.workers.workers])
+        assert nodes == [sim_node.node_id] * len(trainer.fleet.workers.workers)
+        metrics = trainer.train()
+    finally:
+        trainer.close()
+    assert trainer.step == 1 and {"eval/group_easy_success_rate", "eval/group_hard_success_rate"} <= set(metrics)
+    assert metrics["rollout/env_steps_per_s"] > 0
