@@ -75,6 +75,13 @@ def test_a_simulation_node_lost_mid_rollout_stops_with_one_error_after_saving(cl
     finally:
         trainer.close()
     assert "resume=true" in str(stopped.value)
+    # the lost node's simulators could not remove their image blocks (their resource tracker died with them): the
+    # fleet's close removed every block of a process that no longer exists
+    from vla_scale.parallel.sim.shared_images import BLOCK_PREFIX, SHARED_MEMORY, _alive
+
+    left = [p.name for p in SHARED_MEMORY.glob(f"{BLOCK_PREFIX}*")
+            if not _alive(int(p.name[len(BLOCK_PREFIX):].split("_")[0]))]
+    assert left == [], left
     done = checkpoint.latest_step(str(run))
     assert done == trainer.step >= 1  # every finished step kept, though save_every=0
     assert checkpoint.resume_problems(str(run), trainer.run_groups(), 1) == []

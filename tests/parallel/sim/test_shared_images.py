@@ -69,3 +69,24 @@ def test_pack_of_no_answers_shares_nothing() -> None:
         assert batch.shared == {} and batch.images == {} and len(batch.index) == 0 and batch.size == 3
     finally:
         writer.close()
+
+
+def test_blocks_of_processes_that_no_longer_exist_are_removed(tmp_path) -> None:
+    """Blocks carry their maker's pid; `remove_orphans` removes those of dead processes only, and nothing not ours."""
+    import os
+    import subprocess
+    import sys
+
+    from vla_scale.parallel.sim.shared_images import BLOCK_PREFIX, ImageWriter, remove_orphans
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    for name in (f"{BLOCK_PREFIX}{dead}_0a1b2c3d", f"{BLOCK_PREFIX}{os.getpid()}_0a1b2c3d", "psm_0a1b2c3d"):
+        (tmp_path / name).write_bytes(b"\0" * 16)
+    assert remove_orphans(tmp_path) == [f"{BLOCK_PREFIX}{dead}_0a1b2c3d"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{BLOCK_PREFIX}{os.getpid()}_0a1b2c3d",
+                                                                  "psm_0a1b2c3d"])
+    writer = ImageWriter(2)  # a real block is named after this process
+    shm, _ = writer._block("agentview", (4, 4, 3))
+    assert shm.name.startswith(f"{BLOCK_PREFIX}{os.getpid()}_")
+    writer.close()

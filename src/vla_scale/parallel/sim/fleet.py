@@ -38,7 +38,7 @@ import ray
 
 from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
 from vla_scale.parallel.sim.process import SimProcess, SimulatorError
-from vla_scale.parallel.sim.shared_images import ImageReader
+from vla_scale.parallel.sim.shared_images import ImageReader, remove_orphans
 from vla_scale.parallel.sim.slot_batch import SlotBatch
 
 
@@ -389,3 +389,4 @@ class SimFleet:
         finally:
             for reader in (r for row in self.readers for r in row):
                 reader.close()
+            remove_orphans()  # the image blocks of simulators killed with their whole process tree

@@ -5,16 +5,51 @@ which made the hand-over cost as much as the simulation. Instead every slot owns
 camera: the child writes the rows it answers, the pipe carries only the block's name and the slot indices, and the
 parent copies the rows out when it receives the answer. A slot's row is written again only after its next request,
 which the parent sends after it has received this answer, so a row is never overwritten while still unread.
+
+A block is named after the process that made it (`vla_images_<pid>_<random>`): a simulator killed with its whole
+process tree (a lost node's, resource tracker included) cannot remove its blocks, and `remove_orphans` (run as a
+fleet closes) removes those of processes that no longer exist.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
 
 import numpy as np
 
 from vla_scale.envs.types import ChunkStep, Observation, observation_of
 from vla_scale.parallel.sim.slot_batch import SlotBatch
+
+BLOCK_PREFIX = "vla_images_"
+SHARED_MEMORY = Path("/dev/shm")
+
+
+def remove_orphans(folder: Path = SHARED_MEMORY) -> list[str]:
+    """Remove the image blocks whose maker process no longer exists (killed with its resource tracker); returns
+    their names. Blocks of live processes, and everything not ours, are left alone."""
+    removed = []
+    for path in folder.glob(f"{BLOCK_PREFIX}*"):
+        pid = path.name[len(BLOCK_PREFIX):].split("_")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                path.unlink()
+                removed.append(path.name)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class ImageWriter:
@@ -31,7 +66,8 @@ class ImageWriter:
             if held is not None:
                 held[0].close()
                 held[0].unlink()
-            shm = shared_memory.SharedMemory(create=True, size=int(np.prod(shape)))
+            name = f"{BLOCK_PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
+            shm = shared_memory.SharedMemory(name=name, create=True, size=int(np.prod(shape)))
             held = (shm, np.ndarray(shape, dtype=np.uint8, buffer=shm.buf))
             self.blocks[camera] = held
         return held
