@@ -207,3 +207,23 @@ def test_a_pi0_prompt_budget_the_tasks_do_not_fit_is_refused() -> None:
         vla_for_env(cfg.model, cfg.env)
     cfg.model.pi0.max_token_len = 48
     assert vla_for_env(cfg.model, cfg.env).spec.max_token_len == 48
+
+
+def test_a_simulator_keeps_at_most_tasks_kept_scenes_and_rebuilds_the_same() -> None:
+    env = MetaWorldEnv(camera_resolution=32, tasks_kept=2)
+    first = env.reset(TaskSpec("mt10", 0, 7))
+    state = env.state
+    for task in (1, 0, 2):  # task 1 is then the one used longest ago
+        env.reset(TaskSpec("mt10", task, 7))
+    assert env.built == ("reach-v3", "pick-place-v3")
+    env.reset(TaskSpec("mt10", 1, 7))
+    assert env.built == ("pick-place-v3", "push-v3")
+    env.close()
+    again = MetaWorldEnv(camera_resolution=32, tasks_kept=1)
+    for task in (1, 0):
+        observation = again.reset(TaskSpec("mt10", task, 7))
+    assert np.array_equal(again.state, state) and np.array_equal(observation.images[CAMERA], first.images[CAMERA])
+    assert again.built == ("reach-v3",)
+    again.close()
+    with pytest.raises(ValueError, match="tasks_kept must be >= 1"):
+        MetaWorldEnv(tasks_kept=0)

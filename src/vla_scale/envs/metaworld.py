@@ -180,7 +180,9 @@ class MetaWorldEnv:
     """One Meta-World simulator; see the module docstring for what it does and why.
 
     camera_resolution: the camera image's side in pixels. max_steps: policy steps per episode (None: 500).
-    shadows, reflections, multisamples: the renderer's scene (Meta-World's own: on, on, 4).
+    shadows, reflections, multisamples: the renderer's scene (Meta-World's own: on, on, 4). tasks_kept: the most
+    tasks whose scene stays built (about 160 MB each: Meta-World's textures); the one used longest ago is closed to
+    build another (0.4 s), so an MT50 simulator need not hold fifty.
     """
 
     NUM_INIT_STATES = NUM_INIT_STATES
@@ -188,9 +190,12 @@ class MetaWorldEnv:
     PROPRIO_DIM = PROPRIO_DIM
 
     def __init__(self, camera_resolution: int = 480, max_steps: int | None = None, shadows: bool = False,
-                 reflections: bool = False, multisamples: int = 0) -> None:
+                 reflections: bool = False, multisamples: int = 0, tasks_kept: int = 10) -> None:
         if not 1 <= camera_resolution <= MAX_RESOLUTION:
             raise ValueError(f"camera_resolution must be in [1, {MAX_RESOLUTION}], got {camera_resolution}")
+        if tasks_kept < 1:
+            raise ValueError(f"tasks_kept must be >= 1, got {tasks_kept}")
+        self.tasks_kept = tasks_kept
         self.camera_resolution = camera_resolution
         self.limit = max_steps or MAX_PATH_LENGTH
         self.shadows, self.reflections, self.multisamples = shadows, reflections, multisamples
@@ -246,7 +251,11 @@ class MetaWorldEnv:
         if not 0 <= task.init_state_id < NUM_INIT_STATES:
             raise ValueError(f"init_state_id must be in [0, {NUM_INIT_STATES}), got {task.init_state_id}")
         self._name = names[task.task_id]
-        if self._name not in self._envs:
+        if self._name in self._envs:  # the most recently used last
+            self._envs[self._name] = self._envs.pop(self._name)
+        else:
+            while len(self._envs) >= self.tasks_kept:
+                self._drop(next(iter(self._envs)))
             self._build(self._name)
         env = self.raw
         env.seed(task.init_state_id)
@@ -286,12 +295,19 @@ class MetaWorldEnv:
         renderer.update_scene(self.raw.data, camera=CAMERA)
         return np.ascontiguousarray(renderer.render()[::-1, ::-1])
 
+    def _drop(self, name: str) -> None:
+        """Close task `name`'s scene and its renderer."""
+        self._renderers.pop(name).close()
+        self._envs.pop(name).close()
+
+    @property
+    def built(self) -> tuple[str, ...]:
+        """The tasks whose scene is built, the one used longest ago first."""
+        return tuple(self._envs)
+
     def close(self) -> None:
-        for renderer in self._renderers.values():
-            renderer.close()
-        for env in self._envs.values():
-            env.close()
-        self._envs, self._renderers = {}, {}
+        for name in list(self._envs):
+            self._drop(name)
         self._task, self._done = None, True
 
 
@@ -308,11 +324,15 @@ class MetaWorldSettings:
     """Render the floor's reflections (Meta-World's scenes: on)."""
     multisamples: int = 0
     """Multisampling of the offscreen image (Meta-World's scenes: 4)."""
+    tasks_kept: int = 10
+    """Tasks whose scene a simulator keeps built (about 160 MB each); playing another closes the one used longest
+    ago and builds it (0.4 s)."""
 
-    BOUNDS: ClassVar[dict[str, Bound]] = {"multisamples": (">= 0", 0, True)}
+    BOUNDS: ClassVar[dict[str, Bound]] = {"multisamples": (">= 0", 0, True), "tasks_kept": (">= 1", 1, True)}
 
     def simulator_kwargs(self) -> dict[str, Any]:
-        return {"shadows": self.shadows, "reflections": self.reflections, "multisamples": self.multisamples}
+        return {"shadows": self.shadows, "reflections": self.reflections, "multisamples": self.multisamples,
+                "tasks_kept": self.tasks_kept}
 
     def startup_problems(self, suite: str) -> list[str]:
         """The task against the suite, and the `metaworld` package, checked before any simulator starts."""
