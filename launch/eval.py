@@ -1,13 +1,14 @@
 """Evaluate a policy on a suite's held-out init states: `python launch/eval.py [model.checkpoint=PATH] [overrides]`.
 
 Every task of the suite (ids 0..env.num_tasks-1) is played once from each EVAL init state (40-49 by default;
-`env.eval_protocol=published`: 0-49 in the official scenes with the suite's step limit, as LIBERO's published success
-rates are measured), with greedy decoding, in parallel over the simulator fleet (parallel.num_workers x
-parallel.sims_per_worker processes, one simulator each). Writes to the run directory `eval_<suite>.csv` and
-`eval_<suite>.md` (success per task and the total), `videos/` (the first env.eval_videos_per_task episodes of every
-task as MP4, default 1) and `tb/` (success rates and the videos). The last line printed is `eval: suite=<name>
-episodes=<n> success_rate=<r>`. With `record.path=DIR` the episodes played (`record.episodes=all` or `successes`) are
-also written to DIR as a LeRobot dataset, every env step of them, for launch/sft.py.
+`env.eval_protocol=published`: LIBERO's 0-49 in the official scenes with the suite's step limit, as its published
+success rates are measured, or Meta-World's placements 1000-1009 of LeRobot's evaluation), with greedy decoding, in
+parallel over the simulator fleet (parallel.num_workers x parallel.sims_per_worker processes, one simulator each).
+Writes to the run directory `eval_<suite>.csv` and `eval_<suite>.md` (success per task and the total; Meta-World's
+difficulty groups and their macro average too), `videos/` (the first env.eval_videos_per_task episodes of every task
+as MP4, default 1) and `tb/` (success rates and the videos). The last line printed is `eval: suite=<name> episodes=<n>
+success_rate=<r>`. With `record.path=DIR` the episodes played (`record.episodes=all` or `successes`) are also written
+to DIR as a LeRobot dataset, every env step of them, for launch/sft.py.
 
 model.checkpoint= the policy to evaluate: a run directory of launch/train.py (its latest checkpoint), one of its
 `checkpoints/step_<k>` folders, an OpenVLA-OFT folder, a π0 / π0.5 folder (openpi's or LeRobot's layout; decoded
@@ -81,7 +82,7 @@ def protocol_line(env: EnvConfig) -> str:
     """Which episodes ran, for the `policy:` line and the tables' header."""
     ids = init_state_ids(env, "eval")
     states = f"init states {ids[0]}-{ids[-1]}" if ids else "no init states"
-    what = ("published: LIBERO's published protocol" if env.eval_protocol == "published"
+    what = (f"published: {env.name}'s published protocol" if env.eval_protocol == "published"
             else "held_out: the EVAL init states, disjoint from training's")
     scenes = f", {env.libero.scenes} scenes" if env.name == "libero" else ""
     limit = f"step limit {env.max_steps}" if env.max_steps else "each task its own suite's step limit"

@@ -92,3 +92,13 @@ def test_the_published_protocol_plays_init_states_0_to_49_and_says_so(tiny_confi
                              "env.max_steps=100"))
     with pytest.raises(ConfigError, match="env=reach has none"):
         validate(tiny_config("env.eval_protocol=published"))
+    # Meta-World's published protocol is LeRobot's evaluation: placements 1000-1009 of every task, 500 steps
+    world = validate(tiny_config("env=metaworld_mt50", "model=tiny_metaworld", "env.num_train_init_states=40",
+                                 "env.eval_protocol=published"))
+    assert init_state_ids(world.env, "eval") == list(range(1000, 1010))
+    line = eval_module().protocol_line(world.env)
+    assert "published: metaworld's published protocol; 10 episodes per task on init states 1000-1009" in line
+    assert "step limit 500" in line
+    with pytest.raises(ConfigError, match="step limit 500, but env.max_steps=100"):
+        validate(tiny_config("env=metaworld_mt50", "model=tiny_metaworld", "env.eval_protocol=published",
+                             "env.max_steps=100"))

@@ -15,7 +15,6 @@ from vla_scale.config.checks import (
 )
 from vla_scale.config.command_line import MOVED_KEYS, explicit_keys, moved_key_error, moved_key_problems
 from vla_scale.config.schema import (
-    PUBLISHED_INIT_STATES,
     AlgoConfig,
     Config,
     ConfigError,
@@ -37,7 +36,7 @@ from vla_scale.config.schema import (
 )
 
 __all__ = [
-    "BOUNDS", "MOVED_KEYS", "PUBLISHED_INIT_STATES",
+    "BOUNDS", "MOVED_KEYS",
     "UPPER", "AlgoConfig", "Config", "ConfigError", "DeepSpeedConfig", "DemoConfig", "DisaggSimConfig",
     "EnvConfig", "LoraConfig", "ModelConfig", "ParallelConfig", "RecordConfig", "RolloutConfig", "SftConfig",
     "SyncConfig",

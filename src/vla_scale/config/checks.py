@@ -306,13 +306,14 @@ def known_simulator(env: EnvConfig) -> tuple[Simulator | None, list[str]]:
 
 
 def published_protocol_problems(env: EnvConfig) -> list[str]:
-    """What keeps env.eval_protocol=published from being the published protocol: a simulator without one (only
-    LIBERO has published numbers), another step limit than the suite's."""
+    """What keeps env.eval_protocol=published from being the published protocol: a simulator without one (LIBERO
+    and Meta-World have one), another step limit than the suite's."""
     if env.eval_protocol != "published":
         return []
     sim = SIMULATORS.get(env.name)
     if sim is None or sim.published_step_limit is None:
-        return [f"env.eval_protocol=published is LIBERO's published protocol; env={env.name} has none (use held_out)"]
+        return [f"env.eval_protocol=published is a simulator's published protocol (LIBERO's, Meta-World's); "
+                f"env={env.name} has none (use held_out)"]
     limit = sim.published_step_limit(env.suite)
     if limit == 0 and env.max_steps != 0:
         return [f"env.eval_protocol=published plays each {env.suite} task with its own suite's step limit, but "

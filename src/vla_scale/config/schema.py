@@ -214,8 +214,9 @@ class EnvConfig:
     """Train on the EVAL init states (SimpleVLA-RL's setting, for comparison); false keeps TRAIN and EVAL disjoint."""
     eval_protocol: str = "held_out"
     """Which episodes an evaluation plays: held_out (every task from the EVAL init states, right for RL, where the
-    TRAIN ones are trained on) or published (LIBERO's published numbers: every task from all 50 init states 0..49,
-    the official scenes, the suite's OpenVLA-OFT step limit)."""
+    TRAIN ones are trained on) or published (the simulator's published numbers: LIBERO's every task from all 50
+    init states 0..49, the official scenes, the suite's OpenVLA-OFT step limit; Meta-World's LeRobot evaluation
+    seeds 1000..1009 with 500 steps)."""
     eval_videos_per_task: int = 0
     """Evaluation episodes per task saved as MP4 in the run directory and logged to TensorBoard (0: none)."""
 
@@ -509,17 +510,13 @@ class Config:
     """Show progress bars."""
 
 
-PUBLISHED_INIT_STATES = 50
-"""Init states per task that LIBERO's published success rates play (0..49)."""
-
-
 def init_state_ids(env: EnvConfig, split: str) -> list[int]:
     """Init-state ids of a split: "train" is 0..n_train-1 and the n_extra after the EVAL block, "eval" the n_eval
     after n_train (disjoint); with
     env.train_on_eval_states, "train" is the "eval" ids (SimpleVLA-RL trains on the states it evaluates on); with
-    env.eval_protocol=published, "eval" is 0..49."""
+    env.eval_protocol=published, "eval" is the simulator's published ones (LIBERO: 0..49; Meta-World: 1000..1009)."""
     if split == "eval" and env.eval_protocol == "published":
-        return list(range(PUBLISHED_INIT_STATES))
+        return list(simulator(env.name).published_init_states)
     first_eval = env.num_train_init_states
     eval_ids = list(range(first_eval, first_eval + env.num_eval_init_states))
     if split == "eval":

@@ -140,6 +140,8 @@ STATE_DIM = 39
 """Meta-World's full observation: end effector, gripper, objects (this step and the last), goal."""
 MAX_PATH_LENGTH = 500
 """Meta-World's episode length (`max_path_length`), the step limit of LeRobot's evaluation."""
+LEROBOT_EVAL_SEEDS = tuple(range(1000, 1010))
+"""The placements LeRobot's Meta-World evaluation plays: `eval.seed` 1000, 10 episodes a task."""
 NUM_INIT_STATES = 100_000
 """Init states per task (seeds of Meta-World's placement draw): far more than any split uses."""
 MAX_RESOLUTION = 1024
@@ -363,6 +365,6 @@ SIMULATOR = Simulator(
     action_dim=ACTION_DIM, proprio_dim=PROPRIO_DIM, num_init_states=NUM_INIT_STATES, instructions=instructions,
     num_tasks=lambda suite: len(tasks(suite)), step_limits=lambda suite: [MAX_PATH_LENGTH] * len(tasks(suite)),
     image_keys={CAMERA: "observation.image"}, task_names=lambda suite: list(tasks(suite)), task_groups=task_groups,
-    max_resolution=MAX_RESOLUTION,
-    scripted_demo="vla_scale.envs.metaworld_demo:play_expert",
+    max_resolution=MAX_RESOLUTION, published_step_limit=lambda suite: MAX_PATH_LENGTH,
+    published_init_states=LEROBOT_EVAL_SEEDS, scripted_demo="vla_scale.envs.metaworld_demo:play_expert",
 )

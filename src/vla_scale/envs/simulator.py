@@ -55,6 +55,9 @@ class Simulator:
     published_step_limit: Callable[[str], int | None] | None = None
     """suite -> the step limit its published success rates were measured with (0: each task its own; None: the
     suite has none); None: the simulator has no published protocol."""
+    published_init_states: tuple[int, ...] = tuple(range(50))
+    """The init states of every task its published success rates play (LIBERO: 0..49; Meta-World: LeRobot's
+    evaluation seeds 1000..1009)."""
     openvla_actions: Callable[[np.ndarray], np.ndarray] | None = None
     """OpenVLA-convention actions -> the env's; None: OpenVLA checkpoints do not act in this simulator."""
     image_keys: dict[str, str] = field(default_factory=dict)
