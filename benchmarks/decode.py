@@ -46,13 +46,13 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from vla_scale.algo import logprobs_from_logits
 from vla_scale.config import ModelConfig
 from vla_scale.models import OFTPolicy, Processor
 from vla_scale.models.fp8 import fp8_problem
 from vla_scale.models.policy import FusedRMSNorm
 from vla_scale.models.processor import PolicyInputs
 from vla_scale.models.vision import ViT
+from vla_scale.objectives import logprobs_from_logits
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import fresh_vla
 

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from vla_scale.algo import logprob_mismatch, logprobs_from_logits, truncated_is_weights
 from vla_scale.config import ModelConfig
 from vla_scale.models import PretrainedVLA
+from vla_scale.objectives import logprob_mismatch, logprobs_from_logits, truncated_is_weights
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import fresh_vla
 

@@ -191,7 +191,6 @@ def rl_steps(args: argparse.Namespace) -> list[dict]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import rl_step  # the trainer's settings, its build, the timed step and the update alone
 
-    from vla_scale.batches import plan_update
     from vla_scale.trainer import Trainer
 
     substeps = rl_step.substeps_for(args.sim_ms)
@@ -215,8 +214,8 @@ def rl_steps(args: argparse.Namespace) -> list[dict]:
         print(f"{way} step {m['step_s']:.1f}s: rollout {m['time/rollout_s']:.1f}s, update {m['time/update_s']:.1f}s "
               f"(proximal {m['time/recompute_s']:.1f}s), sync {m['time/sync_s']:.2f}s, samples "
               f"{m['train/samples']:.0f}, peak {m['peak_gib']:.1f} GiB", flush=True)
-    plan = plan_update(trainer.last_batch.trajectories, trainer.cfg.algo, trainer.cfg.model, trainer.processor,
-                       trainer.mean_over_ranks)
+    plan = trainer.actor.algorithm.plan(trainer.last_batch.trajectories, trainer.cfg.model, trainer.processor,
+                                        trainer.mean_over_ranks)
     micro = plan.minis[0].micro_batches[0]
     from torch.utils.flop_counter import FlopCounterMode
 

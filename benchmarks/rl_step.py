@@ -80,7 +80,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-from vla_scale.batches import Sample, plan_update, policy_inputs  # noqa: E402
+from vla_scale.batches import Sample, policy_inputs  # noqa: E402
 from vla_scale.config import Config, ConfigError, register_configs, to_config, validate  # noqa: E402
 from vla_scale.models.processor import PolicyInputs  # noqa: E402
 from vla_scale.rollout.engine import Decoded, RolloutEngine  # noqa: E402
@@ -330,7 +330,7 @@ def forward_flops(trainer, batch_rows: int = 8) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
     trajs = [t for group in trainer.last_batch.groups for t in group]
-    samples = [Sample(t, 0, 0.0, 0) for t in trajs[:batch_rows]]  # episodes of several instructions: their prompts
+    samples = [Sample(t, 0, 0) for t in trajs[:batch_rows]]  # episodes of several instructions: their prompts
     inputs, tokens = policy_inputs(samples, trainer.processor)
     with FlopCounterMode(display=False) as counter:
         trainer.actor.logprobs(inputs, tokens)
@@ -411,7 +411,7 @@ def entropy_pass(trainer) -> float:
     """Seconds of the anchors' extra forward after the update: every sample of the step, no gradient, 64 at a time
     (the log-probs' forward: the same FLOPs as their entropy's)."""
     trajs = [t for group in trainer.last_batch.groups for t in group]
-    samples = [Sample(t, k, 0.0, e) for e, t in enumerate(trajs) for k in range(len(t))]
+    samples = [Sample(t, k, e) for e, t in enumerate(trajs) for k in range(len(t))]
     device = trainer.actor.device
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -504,8 +504,8 @@ def rollout_sweep(trainer, cfg: Config, costs: list[float], stages: int) -> None
 def update_alone(trainer) -> tuple[float, float]:
     """Seconds and peak GiB of `Actor.update` on the last step's samples (old log-probs as the algorithm says,
     as the step runs it), mini-batches planned beforehand (nothing else timed)."""
-    plan = plan_update(trainer.last_batch.trajectories, trainer.cfg.algo, trainer.cfg.model, trainer.processor,
-                       trainer.mean_over_ranks)
+    plan = trainer.actor.algorithm.plan(trainer.last_batch.trajectories, trainer.cfg.model, trainer.processor,
+                                        trainer.mean_over_ranks)
     trainer.memory.for_update()
     device = trainer.actor.device
     if device.type == "cuda":

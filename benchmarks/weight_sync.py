@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan
+from vla_scale.batches import MicroBatch, MiniBatch, RowIndex, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.models import PretrainedVLA
 from vla_scale.parallel.actor import Actor
@@ -242,7 +242,7 @@ def micro_batch(cfg: ModelConfig, vla: PretrainedVLA, batch: int, seed: int):
     advantages = torch.from_numpy(rng.choice([-1.0, 1.0], batch).astype(np.float32))
     mask = torch.ones(batch, k, dtype=torch.bool)
     return MicroBatch(inputs, tokens, torch.full((batch, k), -np.log(cfg.n_bins), dtype=torch.float32), advantages,
-                      mask, mask.float() / mask.numel())
+                      mask, mask.float() / mask.numel(), RowIndex.first_steps(batch))
 
 
 def mfu(actor: Actor, engine: RolloutEngine, cfg: ModelConfig, vla: PretrainedVLA, batch: int) -> None:

@@ -13,6 +13,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
+from vla_scale.algo.registry import algorithm_class
 from vla_scale.config import Config, ConfigError
 from vla_scale.models import PretrainedVLA
 from vla_scale.models.critic import value_head_problems
@@ -33,10 +34,11 @@ def checked_policy(cfg: Config, explicit: Collection[str] = (), training: bool =
     vla = vla_for_env(cfg.model, cfg.env, explicit)
     if problems := vla.rollout_problems():
         raise ConfigError("cannot roll the policy out:\n  - " + "\n  - ".join(problems))
-    untrainable = vla.training_problems(cfg.algo.has_critic)
+    needs_values = algorithm_class(cfg.algo.name).needs_values
+    untrainable = vla.training_problems(needs_values)
     if training and untrainable:
         raise ConfigError("cannot train the policy with RL:\n  - " + "\n  - ".join(untrainable))
-    if cfg.algo.has_critic and not untrainable:  # a checkpoint's value head must fit the critic this run builds
+    if needs_values and not untrainable:  # a checkpoint's value head must fit the critic this run builds
         critic = cfg.algo.critic
         problems = value_head_problems(vla.weights, vla.value_width, critic.width, critic.position)
         if problems:

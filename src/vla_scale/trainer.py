@@ -4,8 +4,9 @@ One RL step (see docs/ARCHITECTURE.md):
   1. draw B task specs from the TRAIN init states, repeat each `group_size` times under one uid;
   2. play them on the simulator fleet with the rollout engine (temperature sampling);
   3. drop groups whose mean success lies outside [filter_low, filter_high] and roll out more (bounded);
-  4. advantages: group-normalised (GRPO), or chunk-level GAE on the critic's values (PPO, `algo=ppo`); clipped
-     token loss (plus the clipped value loss with a critic); `mini_batches` optimizer steps through DeepSpeed;
+  4. the algorithm's advantages (`algo/`: e.g. GRPO's group-normalised outcomes, PPO's chunk-level GAE on a critic's
+     values); the clipped token loss plus the algorithm's own terms; `mini_batches` optimizer steps through
+     DeepSpeed;
   5. gather the actor's weights into the rollout engine in buckets; the checksums must agree.
 Evaluation (greedy, held-out init states) runs at step 0, every `eval_every` steps and at the end.
 
@@ -35,7 +36,6 @@ from vla_scale.batches import (
     Trajectory,
     group_uids,
     kept_groups,
-    plan_update,
     repeat_for_groups,
 )
 from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, validate
@@ -409,10 +409,12 @@ class Trainer:
 
     # ---- update -----------------------------------------------------------------------------------------------------
     def update(self, batch: StepBatch) -> UpdateResult | None:
-        """The mini-batches (`batches.plan_update`: GRPO's advantages per group already in them), then the actor's
-        update (`Actor.update`: old log-probs, with a critic its values and PPO's advantages, truncated importance
-        weights, mismatch). None when some rank kept no group: then no rank updates."""
-        plan = plan_update(batch.trajectories, self.cfg.algo, self.cfg.model, self.processor, self.mean_over_ranks)
+        """The mini-batches (`Algorithm.plan`), then the actor's update (`Actor.update`: old log-probs, the values
+        where the algorithm needs them, its advantages, truncated importance weights, mismatch). None when some rank
+        kept no group: then no rank updates."""
+        algorithm = self.actor.algorithm
+        assert algorithm is not None, "an RL run's actor holds its algorithm"
+        plan = algorithm.plan(batch.trajectories, self.cfg.model, self.processor, self.mean_over_ranks)
         return self.actor.update(plan, self.step) if plan.minis else None
 
     def sync(self, version: int) -> SyncReport:

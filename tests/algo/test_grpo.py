@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from vla_scale.algo import (
+from vla_scale.algo.grpo import group_advantages
+from vla_scale.objectives import (
     clipped_policy_loss,
     executed_action_mask,
-    group_advantages,
     group_success_filter,
     logprob_mismatch,
     logprobs_from_logits,

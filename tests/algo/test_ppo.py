@@ -4,7 +4,7 @@ clipped value loss and the explained variance."""
 import pytest
 import torch
 
-from vla_scale.algo import chunk_gae, clipped_value_loss, explained_variance, normalized
+from vla_scale.algo.ppo import chunk_gae, clipped_value_loss, explained_variance, normalized
 
 F64 = torch.float64
 

@@ -41,7 +41,7 @@ CONFIG_CASES = [  # one command per class; each phrase must appear in the error
       "algo.mini_batches=0 must be >= 1", "algo.lr=0.0 must be > 0", "algo.temperature=0.0 must be > 0",
       "sync.bucket_mb=0 must be >= 1",
       "env.max_steps=0 must be >= 1", "save_every=-1 must be >= 0",
-      "algo.name='reinforce': choose one of ['grpo', 'ppo']"]),
+      "algo.name='reinforce': choose one of ['grpo', 'ppo', 'rloo']"]),
     ("PPO options that contradict each other", "train",
      ["algo=ppo", "algo.filter_low=0.1", "algo.critic.warmup_steps=120", "algo.gamma=1.5", "algo.gae_lambda=-0.1",
       "algo.critic.position=cls", "algo.critic.width=0"],

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from vla_scale.algo import gaussian_entropy, gaussian_logprobs
 from vla_scale.config import LoraConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import PretrainedVLA
 from vla_scale.models.pretrained import CheckpointError, folder_action_head
+from vla_scale.objectives import gaussian_entropy, gaussian_logprobs
 from vla_scale.run_policy import fresh_vla
 
 SMALL = dict(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,

@@ -2,7 +2,7 @@
 
 The engine decodes in eval mode under no_grad; the actor recomputes in train mode with autograd on. The policy has
 no dropout and picks the same kernels either way, so its logits are bitwise equal; the log-probs then are too when
-both sides use `vla_scale.algo.logprobs_from_logits` at the sampling temperature.
+both sides use `vla_scale.objectives.logprobs_from_logits` at the sampling temperature.
 """
 
 import os
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from vla_scale.algo import logprobs_from_logits
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
 from vla_scale.models import PretrainedVLA, Processor, WordTokenizer
+from vla_scale.objectives import logprobs_from_logits
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import build_policy, fresh_vla
 

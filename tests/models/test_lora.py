@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan
+from vla_scale.batches import MicroBatch, MiniBatch, RowIndex, UpdatePlan
 from vla_scale.config import AlgoConfig, ConfigError, DeepSpeedConfig, EnvConfig, LoraConfig, ModelConfig, validate
 from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer
@@ -46,7 +46,7 @@ def batch(seed: int, rows: int = 4) -> MicroBatch:
     mask = torch.ones(rows, k, dtype=torch.bool)
     return MicroBatch(inputs, torch.from_numpy(rng.integers(0, 256, (rows, k))), torch.full((rows, k), -5.5),
                       torch.from_numpy(rng.choice([-1.0, 1.0], rows).astype(np.float32)), mask,
-                      mask.float() / mask.numel())
+                      mask.float() / mask.numel(), RowIndex.first_steps(rows))
 
 
 def lora_actor(lora: LoraConfig = LORA, build=None, ds: DeepSpeedConfig | None = None) -> Actor:

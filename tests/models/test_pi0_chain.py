@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vla_scale.algo.flow_sde import action_mask, chain_logprob, euler_times, sde_transition
 from vla_scale.models.pi0.policy import Pi0Inputs, Pi0Policy
 from vla_scale.models.pi0.spec import tiny_spec
+from vla_scale.objectives.flow_sde import action_mask, chain_logprob, euler_times, sde_transition
 
 B, K = 3, 5
 

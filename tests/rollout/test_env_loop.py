@@ -92,7 +92,7 @@ def test_greedy_rollouts_repeat_exactly(setup):
 def test_each_chunk_records_how_many_of_its_actions_ran(ray_session):
     """A step limit inside a chunk (10 steps, chunks of 4): the last chunk ran 2 actions, and only their tokens will
     enter the loss (`executed_action_mask`)."""
-    from vla_scale.algo import executed_action_mask
+    from vla_scale.objectives import executed_action_mask
 
     fleet = SimFleet("reach", {"camera_resolution": 32, "max_steps": 10}, size=2, num_workers=1, sims_per_worker=2,
                      timeout_s=60, in_process=True)

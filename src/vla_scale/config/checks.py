@@ -19,14 +19,12 @@ from vla_scale.config.schema import (
 from vla_scale.envs.registry import SIMULATORS, simulator
 from vla_scale.envs.simulator import Simulator
 
-ALGORITHMS = ("grpo", "ppo")
-"""`algo.name`: the update's advantages and losses (`Actor.update`)."""
-
 
 def choices() -> dict[str, tuple[Any, ...]]:
     """Keys whose value must be one of a few names, each list taken from the module whose code the names select (the
     loss options, the LIBERO scene modes and env.name/env.suite are checked against their modules further down).
     Imported when the check runs, so that reading the configuration (and refusing a moved key) imports no torch."""
+    from vla_scale.algo.registry import algorithm_names
     from vla_scale.datasets.lerobot_format import VERSIONS, VIDEO_CODECS
     from vla_scale.models.critic import CRITIC_POSITIONS
     from vla_scale.models.fp8 import PRECISIONS
@@ -36,7 +34,7 @@ def choices() -> dict[str, tuple[Any, ...]]:
     from vla_scale.models.spec import ACTION_HEADS, ATTENTION_MODES, IMAGE_RESIZES
 
     return {
-        "algo.name": ALGORITHMS,
+        "algo.name": algorithm_names(),
         "algo.critic.position": CRITIC_POSITIONS,
         "model.attention": ATTENTION_MODES,
         "model.action_head": ("auto", *ACTION_HEADS),
@@ -167,7 +165,7 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
         problems.append(
             f"algo.batch_size={a.batch_size} must divide over the {world_size} ranks (whole groups per rank)"
         )
-    from vla_scale.algo.grpo import LOSS_AGGREGATIONS, OLD_LOGPROBS
+    from vla_scale.objectives import LOSS_AGGREGATIONS, OLD_LOGPROBS
 
     if a.old_logprobs not in OLD_LOGPROBS:
         problems.append(f"algo.old_logprobs={a.old_logprobs!r}: choose one of {OLD_LOGPROBS}")
@@ -186,7 +184,7 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
             problems.append(f"algo.max_staleness={a.max_staleness} decodes while the actor trains, so the engine's "
                             f"weights and the actor's states stay on the GPU: set deepspeed.{key}=false "
                             "(deepspeed.stream_optimizer_states=true keeps the optimizer states on the host instead)")
-    problems += critic_problems(cfg)
+    problems += algorithm_problems(cfg)
     if a.loss_agg not in LOSS_AGGREGATIONS:
         problems.append(f"algo.loss_agg={a.loss_agg!r} is not a loss aggregation; choose one of {LOSS_AGGREGATIONS}")
     if not 0.0 <= a.filter_low <= a.filter_high <= 1.0:
@@ -249,22 +247,15 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     return cfg
 
 
-def critic_problems(cfg: Config) -> list[str]:
-    """What contradicts itself between the algorithm and its critic settings: GRPO's groups of one, PPO with GRPO's
-    group filter, a critic warm-up as long as the run."""
-    a = cfg.algo
-    if not a.has_critic:
-        return [f"algo.group_size={a.group_size}: GRPO normalises each episode against its group, so a group needs "
-                "at least 2 episodes (algo=ppo trains groups of one)"] if a.group_size < 2 else []
-    problems = []
-    if a.filter_low > 0 or a.filter_high < 1:
-        problems.append(f"algo=ppo trains every episode, but algo.filter_low={a.filter_low} / algo.filter_high="
-                        f"{a.filter_high} would drop groups (GRPO's dynamic sampling): set algo.filter_low=0 "
-                        "algo.filter_high=1")
-    if a.critic.warmup_steps >= cfg.steps:
-        problems.append(f"algo.critic.warmup_steps={a.critic.warmup_steps} trains only the value head for the whole "
-                        f"run (steps={cfg.steps}): lower it below steps")
-    return problems
+def algorithm_problems(cfg: Config) -> list[str]:
+    """What contradicts itself between the algorithm and the other `algo.*` keys, the algorithm's own checks
+    (`Algorithm.config_problems`: GRPO's groups of one, PPO with GRPO's group filter, a critic warm-up as long as the
+    run); nothing for an unknown name, which `choices` refuses."""
+    from vla_scale.algo.registry import algorithm_class, algorithm_names
+
+    if cfg.algo.name not in algorithm_names():
+        return []
+    return algorithm_class(cfg.algo.name).config_problems(cfg.algo, cfg.steps)
 
 
 def sft_problems(cfg: Config, world_size: int = 1) -> list[str]:

@@ -50,7 +50,21 @@ def config_markdown() -> str:
         prefix = "" if cls == "Config" else f"{group}."
         lines += [f"| `{prefix}{name}` | {typ} | `{default}` | {doc} |" for name, typ, default, doc in docs[cls]]
         lines.append("")
+        if cls == "AlgoConfig":
+            lines += algorithm_table()
     return "\n".join(lines)
+
+
+def algorithm_table() -> list[str]:
+    """The algorithms `algo.name` names, each with its module's first paragraph (`algo/registry.py`)."""
+    from vla_scale.algo.registry import algorithm_class, algorithm_names
+
+    lines = ["### `algo.name`: the algorithms", "", "| name | module | what it is |", "|---|---|---|"]
+    for name in algorithm_names():
+        module = inspect.getmodule(algorithm_class(name))
+        first = " ".join(str(inspect.getdoc(module)).split("\n\n")[0].split())
+        lines.append(f"| `{name}` | `algo/{name}.py` | {first} |")
+    return [*lines, ""]
 
 
 if __name__ == "__main__":

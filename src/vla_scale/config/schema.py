@@ -62,7 +62,7 @@ class Pi0ModelConfig:
     """How states and actions are normalised: zscore, quantile or '' (the family's: z-score for π0, quantiles for
     π0.5)."""
     noise_level: float = 0.5
-    """RL's Flow-SDE noise level a (algo/flow_sde.py): the rollout of launch/train.py makes one denoising step per
+    """RL's Flow-SDE noise level a (objectives/flow_sde.py): the rollout of launch/train.py makes one denoising step per
     chunk, drawn at random, a Gaussian transition of std a * sqrt(t / (1 - t)) * sqrt(|dt|) (πRL's mixed ODE-SDE
     sampling); its log-prob is what GRPO trains. Evaluation decodes noise-free whatever it is."""
 
@@ -263,12 +263,12 @@ class CriticConfig:
 @dataclass
 class AlgoConfig:
     name: str = "grpo"
-    """Algorithm: grpo (group-normalised outcome advantages, no critic) or ppo (a value head on the policy's backbone,
-    chunk-level GAE, every episode trains)."""
+    """The RL algorithm: the name of its module in `algo/` (the table below; docs/ARCHITECTURE.md, "Adding an
+    algorithm")."""
     batch_size: int = 8
     """Task specs (groups) per RL step."""
     group_size: int = 8
-    """Episodes per task spec; GRPO normalises advantages within each group (ppo: 1 is allowed)."""
+    """Episodes per task spec; group algorithms (grpo) compare the episodes of a group (ppo: 1 is allowed)."""
     temperature: float = 1.6
     """Sampling temperature in rollout and in log-prob recomputation."""
     clip_low: float = 0.2
@@ -326,11 +326,6 @@ class AlgoConfig:
     """ppo: advantages scaled to mean 0 and std 1 over the step's chunk steps (every rank's)."""
     critic: CriticConfig = field(default_factory=CriticConfig)
     """ppo: the value head."""
-
-    @property
-    def has_critic(self) -> bool:
-        """The update trains a value head beside the policy (ppo)."""
-        return self.name == "ppo"
 
 
 @dataclass

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vla_scale.algo import gaussian_entropy, gaussian_logprobs, logprobs_from_logits, token_entropy
 from vla_scale.models.sampling import sample_bins
 from vla_scale.models.spec import ACTION_HEADS
+from vla_scale.objectives import gaussian_entropy, gaussian_logprobs, logprobs_from_logits, token_entropy
 
 HEADS = ACTION_HEADS
 """The action heads a policy can have (`model.action_head` also takes `auto`: the checkpoint folder's)."""

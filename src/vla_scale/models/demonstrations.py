@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vla_scale.algo.supervised import supervised_loss
 from vla_scale.datasets.episodes import Episode
 from vla_scale.models.actions import ActionTokenizer, DatasetStats
 from vla_scale.models.interface import chunk_index, draw_batches
 from vla_scale.models.processor import PolicyInputs, Processor
+from vla_scale.objectives.supervised import supervised_loss
 
 
 def chunk_targets(actions: np.ndarray, chunk_len: int) -> np.ndarray:
@@ -44,7 +44,7 @@ class TokenBatch(NamedTuple):
 
     def loss(self, forward: Callable[..., Any], policy: nn.Module, device: torch.device | str, trim: bool
              ) -> tuple[Tensor, dict[str, float]]:
-        """The head's supervised loss (`algo.supervised_loss`): bins' cross-entropy or L1 regression."""
+        """The head's supervised loss (`objectives.supervised_loss`): bins' cross-entropy or L1 regression."""
         logits = forward(self.inputs, device=device, trim=trim)
         return supervised_loss(logits, self.targets.to(device), policy.spec.action_head)
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan
+from vla_scale.batches import MicroBatch, MiniBatch, RowIndex, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer
@@ -42,7 +42,7 @@ def _micro_batches(seed: int):
     tokens = torch.from_numpy(rng.integers(0, 256, (4, k)))
     mask = torch.ones(4, k, dtype=torch.bool)
     return [MicroBatch(_prepared(seed), tokens, torch.full((4, k), -5.5), torch.tensor([1.0, -1.0, 0.5, -0.5]), mask,
-                       mask.float() / mask.numel())]
+                       mask.float() / mask.numel(), RowIndex.first_steps(4))]
 
 
 def _train(ds: DeepSpeedConfig, offload_between_updates: bool = False) -> tuple[list[dict], str, Actor]:

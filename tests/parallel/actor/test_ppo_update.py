@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from vla_scale.algo import chunk_gae
-from vla_scale.batches import Trajectory, UpdatePlan, plan_update, with_critic_targets
+from vla_scale.algo.ppo import chunk_gae, with_critic_targets
+from vla_scale.algo.registry import make_algorithm
+from vla_scale.batches import Trajectory, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import TaskSpec
@@ -33,6 +34,11 @@ PPO = AlgoConfig(name="ppo", group_size=1, filter_low=0.0, filter_high=1.0, max_
 
 def one(x: float) -> float:
     return x
+
+
+def planned(episodes: list[Trajectory], algo: AlgoConfig) -> UpdatePlan:
+    """The update of `episodes` as `algo.name`'s algorithm plans it."""
+    return make_algorithm(algo).plan(episodes, CFG, PROCESSOR, one)
 
 
 def episode(seed: int, steps: int, success: bool) -> Trajectory:
@@ -75,27 +81,29 @@ def checksum(module: torch.nn.Module) -> str:
 
 
 def test_the_plan_has_every_chunk_step_and_each_truncated_episodes_final_observation():
-    plan = plan_update(EPISODES, PPO, CFG, PROCESSOR, one)
+    plan = planned(EPISODES, PPO)
     micros = [micro for mini in plan.minis for micro in mini.micro_batches]
-    assert all(micro.rows is not None for micro in micros)
     rows = [micro.rows for micro in micros]
     keys = sorted((e, t, b) for r in rows
-                  for e, t, b in zip(r.episode.tolist(), r.step.tolist(), r.bootstrap.tolist(), strict=True))
+                  for e, t, b in zip(r.episode.tolist(), r.step.tolist(), r.final.tolist(), strict=True))
     assert keys == [(0, 0, False), (0, 1, False), (1, 0, False), (1, 1, False), (1, 2, False), (1, 3, True),
                     (2, 0, False), (3, 0, False), (3, 1, False), (3, 2, True)]
-    for micro in micros:
-        boot = micro.rows.bootstrap
-        assert not micro.mask[boot].any() and float(micro.rows.value_weights[boot].sum()) == 0.0
-    assert sum(float(micro.rows.value_weights.sum()) for micro in micros) == pytest.approx(1.0)  # 8 chunk steps
-    grpo = plan_update(EPISODES, replace(PPO, name="grpo", group_size=2), CFG, PROCESSOR, one)
+    values = [[torch.zeros(len(micro.inputs)) for micro in mini.micro_batches] for mini in plan.minis]
+    minis, _ = with_critic_targets(plan, values, PPO, one)
+    for micro in (micro for mini in minis for micro in mini.micro_batches):
+        final = micro.rows.final
+        assert not micro.mask[final].any() and float(micro.targets["value_weights"][final].sum()) == 0.0
+    weights = sum(float(micro.targets["value_weights"].sum()) for mini in minis for micro in mini.micro_batches)
+    assert weights == pytest.approx(1.0)  # 8 chunk steps
+    grpo = planned(EPISODES, replace(PPO, name="grpo", group_size=2))
     assert sum(len(micro.inputs) for mini in grpo.minis for micro in mini.micro_batches) == 8  # no final rows
-    assert all(micro.rows is None for mini in grpo.minis for micro in mini.micro_batches)
+    assert not any(bool(micro.rows.final.any()) for mini in grpo.minis for micro in mini.micro_batches)
 
 
 def test_advantages_and_targets_come_from_the_values_by_hand():
     """Values given per row: GAE per episode (terminated: V_T = 0; truncated: its final observation's value), then
     normalised over every chunk step; the returns are the unnormalised advantages plus the values."""
-    plan = plan_update(EPISODES, PPO, CFG, PROCESSOR, one)
+    plan = planned(EPISODES, PPO)
     value_of = {(e, t): 0.1 * e + 0.05 * t for e in range(4) for t in range(4)}
     values = [[torch.tensor([value_of[(e, t)] for e, t in zip(micro.rows.episode.tolist(), micro.rows.step.tolist(),
                                                                strict=True)])
@@ -113,27 +121,26 @@ def test_advantages_and_targets_come_from_the_values_by_hand():
     assert metrics["advantage_mean"] == pytest.approx(mean) and metrics["advantage_std"] == pytest.approx(std)
     for mini in minis:
         for micro in mini.micro_batches:
-            assert micro.critic is not None
-            for row, (e, t, boot) in enumerate(zip(micro.rows.episode.tolist(), micro.rows.step.tolist(),
-                                                   micro.rows.bootstrap.tolist(), strict=True)):
-                if boot:
-                    assert micro.advantages[row] == 0 and micro.critic.returns[row] == 0
+            for row, (e, t, final) in enumerate(zip(micro.rows.episode.tolist(), micro.rows.step.tolist(),
+                                                    micro.rows.final.tolist(), strict=True)):
+                if final:
+                    assert micro.advantages[row] == 0 and micro.targets["returns"][row] == 0
                     continue
                 a, r, v = expected[(e, t)]
                 assert micro.advantages[row].item() == pytest.approx((a - mean) / (std + 1e-8), rel=1e-5)
-                assert micro.critic.returns[row].item() == pytest.approx(r, rel=1e-5)
-                assert micro.critic.old_values[row].item() == pytest.approx(v, rel=1e-5)
+                assert micro.targets["returns"][row].item() == pytest.approx(r, rel=1e-5)
+                assert micro.targets["old_values"][row].item() == pytest.approx(v, rel=1e-5)
 
 
 def test_without_bootstrapping_the_step_limit_ends_an_episode_as_a_success_does():
     """`algo.critic.bootstrap_truncated=false`: no final-observation rows, and a truncated episode's GAE has V_T = 0."""
     algo = replace(PPO, critic=replace(PPO.critic, bootstrap_truncated=False))
-    plan = plan_update(EPISODES, algo, CFG, PROCESSOR, one)
-    assert not any(bool(micro.rows.bootstrap.any()) for mini in plan.minis for micro in mini.micro_batches)
+    plan = planned(EPISODES, algo)
+    assert not any(bool(micro.rows.final.any()) for mini in plan.minis for micro in mini.micro_batches)
     values = [[torch.full((len(micro.inputs),), 0.5) for micro in mini.micro_batches] for mini in plan.minis]
     minis, _ = with_critic_targets(plan, values, replace(algo, normalize_advantages=False), one)
     returns = {(e, t): float(r) for mini in minis for micro in mini.micro_batches
-               for e, t, r in zip(micro.rows.episode.tolist(), micro.rows.step.tolist(), micro.critic.returns,
+               for e, t, r in zip(micro.rows.episode.tolist(), micro.rows.step.tolist(), micro.targets["returns"],
                                   strict=True)}
     # episode 1: three chunks, no reward, truncated, every value 0.5, gamma 0.9, lambda 0.8, V_3 = 0:
     # deltas -0.05, -0.05, -0.5; advantages -0.3452, -0.41, -0.5; returns 0.1548, 0.09, 0 (bootstrapped: 0.45 last)
@@ -146,17 +153,17 @@ def test_warm_up_trains_the_value_head_alone_then_both_learn(zero_stage):
     and its loss falls on the same batch; after it, the policy trains too."""
     warming = replace(PPO, critic=replace(PPO.critic, warmup_steps=3, lr=3e-3))
     a = actor(warming, zero_stage)
-    plan = plan_update(EPISODES, warming, CFG, PROCESSOR, one)
+    plan = planned(EPISODES, warming)
     policy, head = checksum(a.policy), checksum(a.value_head)
     losses = []
     for step in range(3):
         result = a.update(plan, step)
-        assert result.critic["critic_warmup"] == 1.0
-        losses.append(result.critic["value_loss"])
+        assert result.algorithm["critic_warmup"] == 1.0
+        losses.append(result.algorithm["value_loss"])
     assert checksum(a.policy) == policy and checksum(a.value_head) != head
     assert losses[-1] < losses[0]
     after = a.update(plan, 3)
-    assert after.critic["critic_warmup"] == 0.0 and checksum(a.policy) != policy
+    assert after.algorithm["critic_warmup"] == 0.0 and checksum(a.policy) != policy
     assert after.samples == 8  # the chunk steps: the final observations' rows only had their values read
     assert set(after.metrics()) >= {"value_loss", "value_clip_frac", "explained_variance", "value_mean",
                                     "return_mean", "advantage_mean", "advantage_std", "critic_warmup"}
@@ -170,7 +177,7 @@ def test_the_value_loss_reaches_the_backbone_unless_detached():
     torch.manual_seed(0)
     model = PolicyWithValue(build_policy(CFG, TOK), ValueHead(32, 16, "action_mean"))
     torch.nn.init.normal_(model.value_head.net[-1].weight)  # a head that has learnt something
-    plan = plan_update(EPISODES, PPO, CFG, PROCESSOR, one)
+    plan = planned(EPISODES, PPO)
     inputs = plan.minis[0].micro_batches[0].inputs
     for detach in (False, True):
         model.zero_grad()
@@ -184,9 +191,9 @@ def test_the_value_loss_reaches_the_backbone_unless_detached():
 def test_an_update_without_a_critic_is_grpos():
     a = actor(replace(PPO, name="grpo", group_size=2))
     assert a.value_head is None
-    result = a.update(plan_update(EPISODES, replace(PPO, name="grpo", group_size=2), CFG, PROCESSOR, one))
-    assert result.critic == {} and "value_loss" not in result.metrics()
+    result = a.update(planned(EPISODES, replace(PPO, name="grpo", group_size=2)))
+    assert result.algorithm == {} and "value_loss" not in result.metrics()
 
 
 def test_an_empty_plan_is_no_update():
-    assert plan_update([], PPO, CFG, PROCESSOR, one) == UpdatePlan(())
+    assert planned([], PPO) == UpdatePlan(())

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from vla_scale.algo import clipped_policy_loss, logprob_mismatch, truncated_is_weights
-from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan
+from vla_scale.batches import MicroBatch, MiniBatch, RowIndex, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer
+from vla_scale.objectives import clipped_policy_loss, logprob_mismatch, truncated_is_weights
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import gathered_buckets
 from vla_scale.run_policy import build_policy, spec_from_model_config
@@ -49,7 +49,8 @@ def micro_batch(seed: int, rows: int = 4, head: str = "tokens") -> MicroBatch:
     rollout = torch.from_numpy(rng.normal(mean, 0.3, (rows, k)).astype(np.float32))  # the engine's, not the actor's
     mask = torch.from_numpy(rng.random((rows, k)) < 0.9)
     advantages = torch.from_numpy(rng.choice([-1.0, 1.0], rows).astype(np.float32))
-    return MicroBatch(inputs, tokens, rollout, advantages, mask, mask.float() / (2 * mask.numel()))
+    return MicroBatch(inputs, tokens, rollout, advantages, mask, mask.float() / (2 * mask.numel()),
+                      RowIndex.first_steps(rows))
 
 
 def actor(ds: DeepSpeedConfig | None = None, algo: AlgoConfig = ALGO, head: str = "tokens") -> Actor:
@@ -149,8 +150,7 @@ def test_an_update_accumulates_as_many_micro_batches_as_it_is_given():
     """The accumulation boundary is the update's last micro-batch, whatever `algo.micro_batches` says: one batch of
     eight rows or two of four give the same step (float rounding)."""
     whole = micro_batch(4, rows=8)
-    halves = [MicroBatch(*(t[rows] if torch.is_tensor(t) else t.rows(rows) for t in whole if t is not None))
-              for rows in (slice(0, 4), slice(4, 8))]
+    halves = [whole.rows_at(np.arange(start, start + 4)) for start in (0, 4)]
     algo = AlgoConfig(micro_batches=1)
     one, two = actor(algo=algo), actor(algo=algo)
     a = one.update(UpdatePlan((MiniBatch((whole,)),)))

@@ -15,7 +15,7 @@ training loss is the per-element squared error against it (`flow_loss`, given th
 caller, or a test, fixes both). `sample_actions` starts from noise at t = 1 and takes K Euler steps of dt = -1/K to
 t = 0, computing the prefix once (its keys and values per layer) and only the suffix at every step.
 
-For RL the same steps become Gaussian transitions (Flow-SDE, `algo/flow_sde.py`): `sample_chain` samples a chain
+For RL the same steps become Gaussian transitions (Flow-SDE, `objectives/flow_sde.py`): `sample_chain` samples a chain
 with a noise level and keeps every x_t and each step's log-prob, `chain_logprobs` recomputes those log-probs from a
 stored chain in one batched pass (the actor's update, with gradients). Noise level 0 is `sample_actions` bit for bit.
 
@@ -35,12 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vla_scale.algo.flow_sde import euler_times, gaussian_logprob, sde_transition
 from vla_scale.models.critic import read_rows
 from vla_scale.models.lora import ServesMerged
 from vla_scale.models.pi0.backbone import KVCache, PaliGemmaWithExpert, Streams
 from vla_scale.models.pi0.gemma import MASKED, AdaRMSNorm
 from vla_scale.models.pi0.spec import Pi0Spec, check_spec, spec_from_openpi
+from vla_scale.objectives.flow_sde import euler_times, gaussian_logprob, sde_transition
 
 TIME_PERIODS = (4e-3, 4.0)
 """Shortest and longest period of the time embedding's sines (openpi's `min_period`, `max_period`)."""
@@ -288,7 +288,7 @@ class Pi0Policy(ServesMerged, nn.Module):
         the prefix computed once. The steps' standard normal draws come from `step_noise` float32[B, K, H, D], else
         from `generator`, all drawn before the first step. `stochastic` bool[B, K] (default: all) picks the steps
         that are transitions; the others take a = 0, the plain Euler step (πRL's mixed ODE-SDE sampling makes one
-        step per chain stochastic). `mask` (bool, broadcastable to [B, H, D]: `algo.flow_sde.action_mask`) is
+        step per chain stochastic). `mask` (bool, broadcastable to [B, H, D]: `objectives.flow_sde.action_mask`) is
         where the log-probs count. With a = 0 everywhere the actions are `sample_actions`' bit for bit."""
         steps = num_steps or self.spec.num_steps
         batch = noise.shape[0]

@@ -38,13 +38,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vla_scale.algo.flow_sde import action_mask, euler_times, sde_sigma
 from vla_scale.envs.types import Observation
 from vla_scale.models.pi0.demonstrations import pad_last, resize_with_pad
 from vla_scale.models.pi0.normalize import Pi0Normalizer
 from vla_scale.models.pi0.policy import FlowChain, Pi0Inputs, Pi0Policy, pixels_from_uint8
 from vla_scale.models.pi0.spec import Pi0Spec
 from vla_scale.models.pi0.tokenizer import PaliGemmaTokenizer
+from vla_scale.objectives.flow_sde import action_mask, euler_times, sde_sigma
 
 
 @dataclass(frozen=True)

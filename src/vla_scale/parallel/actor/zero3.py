@@ -1,5 +1,5 @@
-"""The actor: the trainable policy (with PPO, and its value head) inside a DeepSpeed engine (ZeRO stage from config),
-its RL update in micro-batches, and the supervised step of fine-tuning on demonstrations.
+"""The actor: the trainable policy (and a value head, when the algorithm needs values) inside a DeepSpeed engine (ZeRO
+stage from config), its RL update in micro-batches, and the supervised step of fine-tuning on demonstrations.
 
 Under `python launch/train.py` this is a world of one process (gloo on CPU); under `deepspeed`/`torchrun` every rank
 holds its ZeRO shard. With ZeRO-3 the policy is built under `deepspeed.zero.Init`, so no rank materialises the
@@ -17,13 +17,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vla_scale.algo import (
-    clipped_policy_loss,
-    clipped_value_loss,
-    logprob_mismatch,
-    truncated_is_weights,
-)
-from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan, with_critic_targets, without_final_rows
+from vla_scale.algo.base import Algorithm
+from vla_scale.algo.registry import make_algorithm
+from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig, SftConfig
 from vla_scale.models.checkpoint_io import copy_tensors
 from vla_scale.models.critic import PolicyWithValue, ValueHead, read_value_head, value_head_file
@@ -31,6 +27,7 @@ from vla_scale.models.interface import ChunkScorer, SupervisedBatch
 from vla_scale.models.lora import add_adapters
 from vla_scale.models.policy import OFTPolicy, PolicyInputs
 from vla_scale.models.processor import PreparedInputs
+from vla_scale.objectives import clipped_policy_loss, logprob_mismatch, truncated_is_weights
 from vla_scale.parallel.actor.optimizer_states import OptimizerStates, StatesStream, stream_states_through_step
 from vla_scale.parallel.ranks import mean_over_ranks
 
@@ -85,7 +82,8 @@ class Mismatch:
 class UpdateResult:
     """One RL update: the optimizer steps' mean loss, clip fraction, entropy, approx KL and gradient norm (each
     optimizer step's token-weighted over its micro-batches), the rollout <-> actor mismatch, the samples trained on,
-    the seconds the proximal pass (old log-probs, values) took and, with a critic, its measures (`critic`)."""
+    the seconds the proximal pass (old log-probs, values) took and the algorithm's own measures (`algorithm`: what
+    it made and what its loss terms measured)."""
 
     policy_loss: float
     clip_frac: float
@@ -95,14 +93,14 @@ class UpdateResult:
     mismatch: Mismatch
     samples: int
     recompute_s: float = 0.0
-    critic: dict[str, float] = field(default_factory=dict)
+    algorithm: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         """The `train/` scalars of the update (TensorBoard names without the prefix)."""
         return {"policy_loss": self.policy_loss, "clip_frac": self.clip_frac, "entropy": self.entropy,
                 "approx_kl": self.approx_kl, "grad_norm": self.grad_norm,
                 **{f"mismatch_{k}": v for k, v in vars(self.mismatch).items()}, "samples": float(self.samples),
-                **self.critic}
+                **self.algorithm}
 
 
 @dataclass
@@ -114,8 +112,8 @@ class _StepStats:
     entropy: float = 0.0
     approx_kl: float = 0.0
     grad_norm: float = 0.0
-    value_loss: float = 0.0
-    value_clip_frac: float = 0.0
+    terms: dict[str, float] = field(default_factory=dict)
+    """The algorithm's loss terms' measures, summed over the micro-batches."""
     first_mismatch: Mismatch = field(default_factory=Mismatch)
     old: list[torch.Tensor] = field(default_factory=list)
 
@@ -128,35 +126,42 @@ class _StepStats:
                 means[key] += getattr(step, key) / len(steps)
         return means
 
+    @staticmethod
+    def term_means(steps: list[_StepStats]) -> dict[str, float]:
+        """Each loss term's measure, its mean over the steps."""
+        return {key: sum(step.terms[key] for step in steps) / len(steps) for key in steps[0].terms}
+
 
 @dataclass
 class _Proximal:
     """What the actor gives a mini-batch's micro-batches before the update: the old log-probs (None: the update
-    forward's own, detached) and, with a critic, the values."""
+    forward's own, detached) and, with a value head, the values."""
 
     old: list[torch.Tensor | None]
     values: list[torch.Tensor] = field(default_factory=list)
 
 
 class Actor:
-    """The trainable policy in DeepSpeed: the RL update (`update`: GRPO's, or PPO's with the value head), the
+    """The trainable policy in DeepSpeed: the RL update of an algorithm (`update`; `algo/base.Algorithm`), the
     supervised step, log-probs."""
 
     def __init__(self, build: Callable[[bool], OFTPolicy], ds: DeepSpeedConfig, algo: Training,
                  lora: LoraConfig | None = None, critic_from: str = "", scorer: ChunkScorer | None = None):
         """`build(zero3_init)` constructs the policy; it is called inside `deepspeed.zero.Init` for ZeRO-3. With
-        `lora.rank` > 0 the policy gets adapters and only they train (`models/lora.py`). With a critic
-        (`algo.has_critic`) a value head trains beside the policy (beside the adapters with LoRA), its weights read
-        from `critic_from`'s `value_head.safetensors` when that checkpoint folder has one, else fresh
-        (`critic_source` says which). `scorer`: the family's way to score its recorded chunks again
-        (`PolicySource.chunk_scorer()`; π0: the Flow-SDE chain's log-prob), None: the policy's head and its
-        `distribution` (OFT)."""
+        `lora.rank` > 0 the policy gets adapters and only they train (`models/lora.py`). With RL's settings the actor
+        holds the algorithm `algo.name` names (`algorithm`; none for supervised fine-tuning); when it needs values a
+        value head (`algo.critic.*`) trains beside the policy (beside the adapters with LoRA), its weights read from
+        `critic_from`'s `value_head.safetensors` when that checkpoint folder has one, else fresh (`critic_source`
+        says which).
+        `scorer`: the family's way to score its recorded chunks again (`PolicySource.chunk_scorer()`; π0: the
+        Flow-SDE chain's log-prob), None: the policy's head and its `distribution` (OFT)."""
         import deepspeed  # seconds to import: only when an actor is built, after every check of the run
         from deepspeed.utils import set_z3_leaf_modules
 
         self.ds_config = deepspeed_config(ds, algo)
         adapt = lora is not None and lora.rank > 0
-        critic = getattr(algo, "has_critic", False)
+        self.algorithm = make_algorithm(algo) if isinstance(algo, AlgoConfig) else None
+        critic = self.algorithm is not None and self.algorithm.needs_values
         with deepspeed.zero.Init(config_dict_or_path=self.ds_config) if ds.zero_stage == 3 else nullcontext():
             policy = build(ds.zero_stage == 3)
             self.adapted = add_adapters(policy, lora) if adapt else []  # built as shards too
@@ -177,7 +182,7 @@ class Actor:
         self._cap_reduce_bucket(sum(getattr(p, "ds_numel", p.numel()) for group in groups for p in group["params"]))
         module = policy if head is None else PolicyWithValue(policy, head)
         self.engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.ds_config)
-        self.has_critic = head is not None
+        self.has_value_head = head is not None
         self.scorer = scorer
         self.zero_stage = ds.zero_stage
         self.checkpointing = ds.activation_checkpointing
@@ -215,6 +220,8 @@ class Actor:
         back), and with activation checkpointing how many Llama layers recompute. The DeepSpeed engine itself (ZeRO
         stage, precision, whether checkpointing is on) stays as it was built."""
         self.algo = algo
+        if isinstance(algo, AlgoConfig):
+            self.algorithm = self._same_needs(make_algorithm(algo))
         self.trim = ds.trim_prompt_padding
         if self.checkpointing:
             self._recompute_layers(ds.recompute_layers)
@@ -230,6 +237,13 @@ class Actor:
         if not self.streams_states:
             self.reload_states()
 
+    def _same_needs(self, algorithm: Algorithm) -> Algorithm:
+        """`algorithm`, when the engine was built for what it needs (a value head or none)."""
+        if algorithm.needs_values != self.has_value_head:
+            raise ValueError(f"algo.name={algorithm.name} needs {'a' if algorithm.needs_values else 'no'} value "
+                             "head, and the actor was built otherwise: build a new actor for it")
+        return algorithm
+
     def _recompute_layers(self, count: int) -> None:
         """The first `count` decoder layers recompute their forward in the backward pass, the rest keep their
         activations (-1: all recompute): the policy's `recompute_layers`."""
@@ -238,54 +252,55 @@ class Actor:
     @property
     def policy(self) -> OFTPolicy:
         """The policy alone (what weight sync, checkpoints' policy folders and the rollout engine see)."""
-        return self.engine.module.policy if self.has_critic else self.engine.module
+        return self.engine.module.policy if self.has_value_head else self.engine.module
 
     @property
     def value_head(self) -> ValueHead | None:
-        return self.engine.module.value_head if self.has_critic else None
+        return self.engine.module.value_head if self.has_value_head else None
 
     @property
     def device(self) -> torch.device:
         return self.engine.device
 
     def update(self, plan: UpdatePlan, step: int = 0) -> UpdateResult:
-        """The RL update of one step (the `step`-th of the run): one optimizer step per mini-batch. GRPO and PPO
-        share it; they differ in where the advantages come from and in the loss.
+        """The RL update of one step (the `step`-th of the run): one optimizer step per mini-batch. Every algorithm
+        shares it; they differ in their advantages and in what they add to the loss (`algo/base.Algorithm`).
 
         First the proximal pass (`_proximal`): the old log-probs come from the rollout or the actor before the update
         (`algo.old_logprobs`; recomputed one micro-batch at a time, SimpleVLA-RL's way, except the first
         mini-batch's, which with `algo.old_logprobs_from_update` are read off its own forward, detached), and with a
-        critic every row's value is read in the same forward. The critic's values make PPO's advantages and targets
-        (`batches.with_critic_targets`); GRPO's were made when the update was planned. Then the optimizer steps: the
-        clipped policy loss (each token weighed by min(actor / rollout probability, `algo.tis_cap`) with recomputed
-        old log-probs and a cap), plus `algo.vf_coef` times the clipped value loss with a critic. During the critic's
-        warm-up (`algo.critic.warmup_steps`) only the value head learns. The mismatch is measured over every valid
-        token of the step (recomputed), or on the first micro-batch before the first optimizer step (the rollout's).
-        Every rank must run it with the same number of mini- and micro-batches (ZeRO-3 gathers are collectives)."""
+        value head every row's value is read in the same forward. The algorithm then makes the advantages (and its
+        targets) and says which rows train (`Algorithm.prepare`). Then the optimizer steps: the clipped policy loss
+        (each token weighed by min(actor / rollout probability, `algo.tis_cap`) with recomputed old log-probs and a
+        cap), plus the algorithm's loss terms; where the algorithm says the policy does not train this step (a
+        critic's warm-up) only its terms count and the policy's learning rate is 0. The mismatch is measured over
+        every valid token of the step (recomputed), or on the first micro-batch before the first optimizer step (the
+        rollout's). Every rank must run it with the same number of mini- and micro-batches (ZeRO-3 gathers are
+        collectives)."""
+        algorithm = self._algorithm()
         started = time.perf_counter()
         proximal = [self._proximal(mini, first=index == 0) for index, mini in enumerate(plan.minis)]
         recompute_s = time.perf_counter() - started
-        minis, olds, critic = plan.minis, [p.old for p in proximal], {}
-        if self.has_critic:
-            minis, critic = with_critic_targets(plan, [p.values for p in proximal], self.algo, self._mean_over_ranks)
-            minis, olds = zip(*(without_final_rows(mini, old) for mini, old in zip(minis, olds, strict=True)),
-                              strict=True)
-        warmup = self.has_critic and step < self.algo.critic.warmup_steps
-        self._policy_lr(0.0 if warmup else self.algo.lr)
-        steps = [self._optimizer_step(mini, old, warmup) for mini, old in zip(minis, olds, strict=True)]
-        if self.has_critic:
-            critic.update(value_loss=sum(s.value_loss for s in steps) / len(steps),
-                          value_clip_frac=sum(s.value_clip_frac for s in steps) / len(steps),
-                          critic_warmup=float(warmup))
+        minis, olds, made = algorithm.prepare(plan, [p.old for p in proximal], [p.values for p in proximal],
+                                              self._mean_over_ranks)
+        trains = algorithm.policy_trains(step)
+        self._policy_lr(self.algo.lr if trains else 0.0)
+        steps = [self._optimizer_step(mini, old, step) for mini, old in zip(minis, olds, strict=True)]
+        measures = {**made, **_StepStats.term_means(steps), **algorithm.update_metrics(step)}
         return UpdateResult(**_StepStats.means(steps), mismatch=self._mismatch(minis, steps),
-                            samples=sum(mini.rows for mini in minis), recompute_s=recompute_s, critic=critic)
+                            samples=sum(mini.rows for mini in minis), recompute_s=recompute_s, algorithm=measures)
+
+    def _algorithm(self) -> Algorithm:
+        if self.algorithm is None:
+            raise RuntimeError("this actor was built for supervised fine-tuning (no algorithm): it has no RL update")
+        return self.algorithm
 
     def _proximal(self, mini: MiniBatch, first: bool) -> _Proximal:
-        """The old log-probs of each micro-batch of `mini` and, with a critic, its values, read before the update:
+        """The old log-probs of each micro-batch of `mini` and, with a value head, its values, read before the update:
         the rollout's log-probs, the actor's recomputed, or None (the update forward's own, detached: the first
         mini-batch's with `algo.old_logprobs_from_update`, when no value is needed)."""
         recompute = self.algo.old_logprobs == "recompute"
-        if not self.has_critic:
+        if not self.has_value_head:
             if not recompute:
                 return _Proximal([micro.rollout_logprobs for micro in mini.micro_batches])
             if first and self.algo.old_logprobs_from_update:
@@ -313,7 +328,7 @@ class Actor:
 
     def _policy_lr(self, lr: float) -> None:
         """The policy's learning rate (the optimizer's first group; a value head has its own group)."""
-        if self.has_critic:
+        if self.has_value_head:  # alone, the policy's group keeps the lr it was built with
             self.engine.optimizer.param_groups[0]["lr"] = lr
 
     def _mean_over_ranks(self, value: float) -> float:
@@ -332,16 +347,17 @@ class Actor:
             torch.cat([micro.mask for mini in minis for micro in mini.micro_batches]), a.clip_low, a.clip_high,
             a.tis_cap))
 
-    def _optimizer_step(self, mini: MiniBatch, old: list[torch.Tensor | None], warmup: bool = False) -> _StepStats:
-        """One optimizer step over the micro-batches of `mini`, accumulated; `old[i]` the old log-probs of
-        micro-batch i (None: its own forward's, detached). With recomputed old log-probs and `algo.tis_cap` > 0
-        tokens weigh by the truncated importance weights. With a critic the loss adds `algo.vf_coef` times the
-        clipped value loss; in the critic's `warmup` the policy loss counts 0 and the value loss reaches the value
-        head only.
+    def _optimizer_step(self, mini: MiniBatch, old: list[torch.Tensor | None], step: int = 0) -> _StepStats:
+        """One optimizer step over the micro-batches of `mini`, accumulated, at the run's `step`; `old[i]` the old
+        log-probs of micro-batch i (None: its own forward's, detached). With recomputed old log-probs and
+        `algo.tis_cap` > 0 tokens weigh by the truncated importance weights. The loss adds the algorithm's terms
+        (`Algorithm.loss_terms`); where the policy does not train at `step` its loss counts 0.
 
-        The weights (`algo.token_weights` of the whole mini-batch, the rows' value weights) make each micro-batch's
+        The weights (`token_weights` of the whole mini-batch, an algorithm's own row weights) make each micro-batch's
         loss its share of the mini-batch's loss, whatever the split, so the losses are summed as they are (no
         division by the number of micro-batches). Metrics are weighted by each micro-batch's valid tokens."""
+        algorithm = self._algorithm()
+        trains = algorithm.policy_trains(step)
         tis = self.algo.old_logprobs == "recompute" and self.algo.tis_cap > 0
         self.engine.train()
         tokens_total = max(sum(int(micro.mask.sum()) for micro in mini.micro_batches), 1)
@@ -349,7 +365,7 @@ class Actor:
         for index, micro in enumerate(mini.micro_batches):
             share = int(micro.mask.sum()) / tokens_total
             self.engine.set_gradient_accumulation_boundary(index == len(mini.micro_batches) - 1)
-            logprobs, entropy_of, values = self._train_logprobs(micro, warmup)
+            logprobs, entropy_of, values = self._train_logprobs(micro, algorithm.detach_backbone(step))
             given = old[index]
             old_lp = logprobs.detach() if given is None else given.to(self.device)
             stats.old.append(old_lp.float().cpu())
@@ -364,9 +380,13 @@ class Actor:
                 stats.first_mismatch = Mismatch(**logprob_mismatch(logprobs.detach(), old_lp, mask, self.algo.clip_low,
                                                                    self.algo.clip_high))
             stats.policy_loss += loss.item()
-            if values is not None:
-                value_loss = self._value_loss(micro, values, stats)
-                loss = (loss * 0.0 if warmup else loss) + self.algo.vf_coef * value_loss
+            term, measures = algorithm.loss_terms(micro, values, self.device)
+            for key, value in measures.items():
+                stats.terms[key] = stats.terms.get(key, 0.0) + value
+            if not trains:
+                loss = loss * 0.0
+            if term is not None:
+                loss = loss + term
             self.engine.backward(loss, scale_wrt_gas=False)
             self.engine.step()
             with torch.no_grad():
@@ -379,17 +399,17 @@ class Actor:
         stats.grad_norm = float(self.engine.get_global_grad_norm() or 0.0)
         return stats
 
-    def _train_logprobs(self, micro: MicroBatch, warmup: bool
+    def _train_logprobs(self, micro: MicroBatch, detach_backbone: bool
                         ) -> tuple[torch.Tensor, Callable[[], torch.Tensor], torch.Tensor | None]:
         """The update forward's log-probs of the micro-batch's recorded samples (with gradients), how to read their
-        entropy (no gradient; after the step) and, with a critic, the values: the family's scorer, else the head's
-        distribution over the tokens."""
+        entropy (no gradient; after the step) and, with a value head, the values (`detach_backbone`: the value loss
+        stops at the head): the family's scorer, else the head's distribution over the tokens."""
         if self.scorer is not None:
-            critic = {"detach_backbone": self._detach_backbone(warmup)} if self.has_critic else {}
+            critic = {"detach_backbone": detach_backbone} if self.has_value_head else {}
             logprobs, entropy, values = self.scorer.logprobs(self.engine, micro.inputs, _sampled(micro), self.device,
                                                              **critic)
             return logprobs, entropy.detach, values
-        logits, values = self._train_forward(micro, warmup)  # the head's distribution parameters; the values
+        logits, values = self._train_forward(micro, detach_backbone)  # the head's distribution parameters; values
         logprobs = self.policy.distribution.logprobs(logits, micro.tokens.to(self.device), self.algo.temperature)
         return logprobs, lambda: self.policy.distribution.entropy(logits.detach(), self.algo.temperature), values
 
@@ -399,33 +419,16 @@ class Actor:
         the CPU: the family's scorer, else `logprobs` of the tokens."""
         if self.scorer is None:
             return self.logprobs(micro.inputs, micro.tokens)
-        critic = {"detach_backbone": False} if self.has_critic else {}
+        critic = {"detach_backbone": False} if self.has_value_head else {}
         logprobs, _, _ = self.scorer.logprobs(self.engine, micro.inputs, _sampled(micro), self.device, **critic)
         return logprobs.float().cpu()
 
-    def _train_forward(self, micro: MicroBatch, warmup: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The update forward: the head's distribution parameters and, with a critic, the values (the backbone
-        detached for them in warm-up or with `algo.critic.detach_backbone`)."""
-        if not self.has_critic:
+    def _train_forward(self, micro: MicroBatch, detach_backbone: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The update forward: the head's distribution parameters and, with a value head, the values (the backbone
+        detached for them with `detach_backbone`)."""
+        if not self.has_value_head:
             return self.engine(micro.inputs, device=self.device, trim=self.trim), None
-        return self.engine(micro.inputs, device=self.device, trim=self.trim,
-                           detach_backbone=self._detach_backbone(warmup))
-
-    def _detach_backbone(self, warmup: bool) -> bool:
-        """Whether the value loss stops at the value head: in the critic's warm-up or with
-        `algo.critic.detach_backbone`."""
-        return warmup or self.algo.critic.detach_backbone
-
-    def _value_loss(self, micro: MicroBatch, values: torch.Tensor, stats: _StepStats) -> torch.Tensor:
-        """The micro-batch's share of the mini-batch's clipped value loss; its value and clip fraction added to
-        `stats` (the rows' weights sum to 1 over the mini-batch)."""
-        assert micro.rows is not None and micro.critic is not None
-        weights = micro.rows.value_weights.to(self.device)
-        loss, info = clipped_value_loss(values, micro.critic.old_values.to(self.device),
-                                        micro.critic.returns.to(self.device), self.algo.value_clip, weights)
-        stats.value_loss += loss.item()
-        stats.value_clip_frac += info["value_clip_frac"] * float(micro.rows.value_weights.sum())
-        return loss
+        return self.engine(micro.inputs, device=self.device, trim=self.trim, detach_backbone=detach_backbone)
 
     def supervised_update(self, micro_batches: Sequence[SupervisedBatch]) -> dict[str, float]:
         """One optimizer step of supervised fine-tuning over `micro_batches`, accumulated: each micro-batch's loss (its
@@ -451,7 +454,7 @@ class Actor:
         """The actor's log-probs of `tokens` at the sampling temperature (no gradient), float32 on the CPU: the old
         log-probs of `algo.old_logprobs=recompute`. Every rank must call it equally often (ZeRO-3 gathers)."""
         logits = self.engine(inputs, device=self.device, trim=self.trim)
-        if self.has_critic:
+        if self.has_value_head:
             logits = logits[0]
         logprobs = self.policy.distribution.logprobs(logits, tokens.to(self.device), self.algo.temperature)
         return logprobs.float().cpu()

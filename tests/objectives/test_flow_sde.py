@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from vla_scale.algo.flow_sde import (
+from vla_scale.objectives.flow_sde import (
     action_mask,
     chain_logprob,
     euler_times,

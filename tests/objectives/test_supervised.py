@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from vla_scale.algo import supervised_loss
+from vla_scale.objectives import supervised_loss
 
 
 def test_token_cross_entropy_is_the_mean_negative_log_softmax_of_the_label_bins():
