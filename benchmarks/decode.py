@@ -49,7 +49,8 @@ from omegaconf import OmegaConf
 from vla_scale.config import ModelConfig
 from vla_scale.models import OFTPolicy, Processor
 from vla_scale.models.fp8 import fp8_problem
-from vla_scale.models.policy import FusedRMSNorm
+from vla_scale.models.oft.decode import OFTDecoder
+from vla_scale.models.oft.policy import FusedRMSNorm
 from vla_scale.models.processor import PolicyInputs
 from vla_scale.models.vision import ViT
 from vla_scale.objectives import logprobs_from_logits
@@ -244,7 +245,7 @@ def first_decode(engine: RolloutEngine, x: PolicyInputs, report: dict[str, Any],
         report[f"{key}_compile_error"] = repr(error)[:2000]
         engine = RolloutEngine(engine.policy, DEVICE, seed=0, fast=True, compile=False,
                                precision="fp8" if engine.fp8 is not None else "bf16",
-                               emulate_fp8=engine.fp8 is not None and engine.fp8.emulate)
+                               emulate_fp8=engine.fp8 is not None and engine.fp8.emulate, decoder=OFTDecoder())
     report[f"first_decode_{key}_s"] = time.perf_counter() - start
     print(f"first {key} decode (torch.compile included): {report[f'first_decode_{key}_s']:.1f}s", flush=True)
     return engine
@@ -306,7 +307,7 @@ def where_time_goes(fast: RolloutEngine, policy: OFTPolicy, x: PolicyInputs, rep
     fast.fast.side_by_side = True
     stages["forward (towers..bins)"] = median_seconds(lambda: fast.logits(on_device), repeats)
     kinds, kernels = profile_kinds(lambda: fast.logits(on_device))
-    eager = RolloutEngine(policy, DEVICE, seed=0, fast=True, compile=False)
+    eager = RolloutEngine(policy, DEVICE, seed=0, fast=True, compile=False, decoder=OFTDecoder())
     stages["forward, not compiled"] = median_seconds(lambda: eager.logits(on_device), repeats)
     stages["decode (all)"] = median_seconds(lambda: fast.decode(x, TEMPERATURE), repeats)
     return stages, kinds, kernels
@@ -417,14 +418,15 @@ def main() -> None:
     print(f"{args.model}: {sum(q.numel() for q in policy.parameters()) / 1e9:.3f}B parameters (bf16, random)",
           flush=True)
     # on CUDA the engine's defaults: fast path, compiled, pinned staging (CPU dry run: fast path, eager)
-    fast = RolloutEngine(policy, DEVICE, seed=0) if DEVICE == "cuda" else RolloutEngine(policy, seed=0, fast=True)
-    plain = RolloutEngine(policy, DEVICE, seed=0, fast=False)
+    fast = (RolloutEngine(policy, DEVICE, seed=0, decoder=OFTDecoder()) if DEVICE == "cuda"
+            else RolloutEngine(policy, seed=0, fast=True, decoder=OFTDecoder()))
+    plain = RolloutEngine(policy, DEVICE, seed=0, fast=False, decoder=OFTDecoder())
     assert fast.fast is not None and fast.fast.compiled == (DEVICE == "cuda") and plain.fast is None
 
     fast = first_decode(fast, make_inputs(processor, cfg, 8, seed=99), report, "fast")
     fp8 = None
     if args.fp8:  # the same weights (shared with the bf16 engines), multiplied in FP8
-        fp8 = RolloutEngine(policy, DEVICE, seed=0, precision="fp8", emulate_fp8=DEVICE != "cuda")
+        fp8 = RolloutEngine(policy, DEVICE, seed=0, precision="fp8", emulate_fp8=DEVICE != "cuda", decoder=OFTDecoder())
         assert fp8.fp8 is not None
         report["fp8_quantise_s"] = median_seconds(lambda: fp8.fp8.refresh(policy), 3)
         report["fp8_weight_gib"] = fp8.fp8.nbytes() / 2**30
@@ -434,7 +436,7 @@ def main() -> None:
               + ", ".join(f"{k} {v:.0f}" for k, v in report["fp8_matmul_tflops_shapes"].items()), flush=True)
         fp8 = first_decode(fp8, make_inputs(processor, cfg, 8, seed=99), report, "fp8")
 
-    ref = RolloutEngine(copy.deepcopy(policy).float(), DEVICE, seed=0, fast=False)
+    ref = RolloutEngine(copy.deepcopy(policy).float(), DEVICE, seed=0, fast=False, decoder=OFTDecoder())
     agree_inputs = make_inputs(processor, cfg, args.agree_batch, seed=7)
     report["agreement"] = agreement(fast, plain, ref, agree_inputs)
     if fp8 is not None:

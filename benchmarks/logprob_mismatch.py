@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 
 from vla_scale.config import ModelConfig
 from vla_scale.models import PretrainedVLA
+from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.objectives import logprob_mismatch, logprobs_from_logits, truncated_is_weights
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import fresh_vla
@@ -67,7 +68,7 @@ def main() -> None:
     torch.manual_seed(0)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     actor = build(vla, dtype)
-    engine = RolloutEngine(build(vla, dtype), DEVICE, seed=0, dtype=dtype)
+    engine = RolloutEngine(build(vla, dtype), DEVICE, seed=0, dtype=dtype, decoder=OFTDecoder())
     engine.update_weights_from_tensor(list(actor.named_parameters()), version=1)
     reference = build(vla, torch.float32).eval().requires_grad_(False)
     reference.load_state_dict({k: v.float() for k, v in actor.state_dict().items()})
@@ -119,7 +120,8 @@ def main() -> None:
 def fp8_rows(args: argparse.Namespace, bf16: RolloutEngine, actor: torch.nn.Module, reference: torch.nn.Module,
              batch) -> None:
     """The FP8 engine's sampled chunk against the actor, the bf16 engine and the fp32 reference."""
-    fp8 = RolloutEngine(bf16.policy, DEVICE, seed=0, precision="fp8", emulate_fp8=DEVICE != "cuda")
+    fp8 = RolloutEngine(bf16.policy, DEVICE, seed=0, precision="fp8", emulate_fp8=DEVICE != "cuda",
+                        decoder=OFTDecoder())
     decoded = fp8.decode(batch, args.temperature)
     tokens = torch.from_numpy(decoded.tokens).to(DEVICE)
     t = args.temperature

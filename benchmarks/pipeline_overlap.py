@@ -35,6 +35,7 @@ from vla_scale.config import ModelConfig  # noqa: E402
 from vla_scale.envs.reach import instructions  # noqa: E402
 from vla_scale.envs.types import TaskSpec  # noqa: E402
 from vla_scale.models import PretrainedVLA  # noqa: E402
+from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.parallel.sim.cluster import start_ray  # noqa: E402
 from vla_scale.parallel.sim.fleet import LocalWorkers, SimFleet  # noqa: E402
 from vla_scale.rollout.engine import RolloutEngine  # noqa: E402
@@ -134,7 +135,7 @@ def main() -> None:
                       vision_dim=args.vision_dim)
     vla = fresh_vla(cfg, instructions())
     torch.manual_seed(0)
-    engine = RolloutEngine(vla.policy)
+    engine = RolloutEngine(vla.policy, decoder=OFTDecoder())
     rows = [rollout_row(args, s, engine, vla) for s in (1, 2, 4)]
     base = rows[0]["wall"]
     print(f"\nworkload: {args.episodes} episodes x {args.max_steps} env steps, chunk {args.chunk}, "

@@ -571,7 +571,7 @@ def policy_on_meta(cfg: Config) -> torch.nn.Module:
 
     from vla_scale.envs.registry import simulator
     from vla_scale.models.lora import add_adapters
-    from vla_scale.models.policy import OFTPolicy
+    from vla_scale.models.oft.policy import OFTPolicy
     from vla_scale.models.tokenizer import WordTokenizer
     from vla_scale.run_policy import spec_from_model_config
 

@@ -41,6 +41,7 @@ from omegaconf import OmegaConf
 from vla_scale.batches import MicroBatch, MiniBatch, RowIndex, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.models import PretrainedVLA
+from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
@@ -132,12 +133,12 @@ def floor_rates(device: torch.device, world: int) -> tuple[float, float]:
 def build(vla: PretrainedVLA, ds: DeepSpeedConfig, device: torch.device):
     dtype = torch.bfloat16 if ds.bf16 else torch.float32
     torch.manual_seed(0)
-    actor = Actor(vla.new_policy, ds, AlgoConfig(micro_batches=1, lr=1e-6))
+    actor = Actor(vla.new_policy, ds, AlgoConfig(micro_batches=1, lr=1e-6), scorer=vla.chunk_scorer())
     torch.set_default_dtype(dtype)  # the engine's copy is built in its own dtype, on its own device
     with device:
         policy = vla.new_policy()
     torch.set_default_dtype(torch.float32)
-    return actor, RolloutEngine(policy, device, fast=False, compile=False)
+    return actor, RolloutEngine(policy, device, fast=False, compile=False, decoder=OFTDecoder())
 
 
 def bucket_table(actor: Actor, engine: RolloutEngine, buckets: list[int], floor_s: float, verified_floor_s: float,

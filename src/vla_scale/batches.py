@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from vla_scale.models.processor import PreparedInputs
-from vla_scale.objectives import executed_action_mask, group_success_filter, loss_normaliser, token_weights
+from vla_scale.objectives import group_success_filter, loss_normaliser, token_weights
 
 if TYPE_CHECKING:
     from vla_scale.envs.types import TaskSpec
@@ -173,9 +173,9 @@ class MicroBatch(NamedTuple):
     targets: Mapping[str, torch.Tensor] = NO_TARGETS
     """The algorithm's per-row tensors beyond the advantages, by name (PPO: the value loss's returns, old values and
     weights), set with the advantages."""
-    sampled: dict[str, torch.Tensor] | None = None
-    """A family's record of what it sampled, stacked over the rows (π0: the chains the actor scores again); None for
-    OFT, whose tokens say it all."""
+    sampled: Mapping[str, torch.Tensor] = NO_TARGETS
+    """A family's record of what it sampled beyond the tokens, stacked over the rows (π0: the chains the actor scores
+    again; OFT's tokens say it all: empty)."""
 
     def rows_at(self, keep: np.ndarray) -> MicroBatch:
         """The micro-batch of the rows `keep` (indices, in order)."""
@@ -184,7 +184,7 @@ class MicroBatch(NamedTuple):
                           self.advantages[index], self.mask[index], self.weights[index],
                           RowIndex(*(field[index] for field in self.rows)),
                           {key: value[index] for key, value in self.targets.items()},
-                          None if self.sampled is None else {k: v[index] for k, v in self.sampled.items()})
+                          {key: value[index] for key, value in self.sampled.items()})
 
 
 @dataclass(frozen=True)
@@ -292,20 +292,21 @@ def mini_batch(samples: list[Sample], algo: BatchSettings, model: ActionShape, p
 
 
 def logprob_mask(executed: torch.Tensor, width: int, model: ActionShape) -> torch.Tensor:
-    """Which recorded log-probs enter the loss, bool[M, width], as wide as the rollout recorded them: one per action
-    token (OFT, `chunk_len * action_dim`: the executed actions' tokens), or one per chunk (width 1, a flow policy's
-    whole chunk: every chunk step that ran counts, a final observation's row does not)."""
-    if width == 1:
-        return (executed > 0)[:, None]
-    return executed_action_mask(executed, model.chunk_len, model.action_dim)
+    """Which recorded log-probs enter the loss, bool[M, width], as wide as the rollout recorded them: a record of
+    `width` log-probs per chunk covers its `chunk_len * action_dim` action tokens in order, each log-prob an equal run
+    of them, and counts when the first action of its run was executed. One per action token (OFT's): the executed
+    actions' tokens; one per chunk (π0's whole chunk): every chunk step that ran, not a final observation's row."""
+    tokens = model.chunk_len * model.action_dim
+    if width < 1 or tokens % width:
+        raise ValueError(f"a record of {width} log-probs per chunk does not divide its {tokens} action tokens")
+    first_action = torch.arange(width) * (tokens // width) // model.action_dim
+    return first_action[None, :] < executed[:, None]
 
 
-def recorded_samples(samples: list[Sample]) -> dict[str, torch.Tensor] | None:
-    """The family's records of the samples' chunk steps stacked per key (a final observation's: zeros), or None when
-    the family records none (OFT)."""
+def recorded_samples(samples: list[Sample]) -> dict[str, torch.Tensor]:
+    """The family's records of the samples' chunk steps stacked per key (a final observation's: zeros); empty when
+    the family records nothing beyond the tokens (OFT)."""
     first = samples[0].trajectory.sampled[0] if samples[0].trajectory.sampled else {}
-    if not first:
-        return None
     return {key: torch.from_numpy(np.stack([_recorded(s, [r[key] for r in s.trajectory.sampled]) for s in samples]))
             for key in first}
 

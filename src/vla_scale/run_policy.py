@@ -36,7 +36,7 @@ from vla_scale.models.tokenizer import TextTokenizer, WordTokenizer
 from vla_scale.models.vision import HALF_MEAN_STD, ViTSpec, timm_vit_spec
 
 if TYPE_CHECKING:  # the policy module imports transformers' Llama: only what builds weights needs it
-    from vla_scale.models.policy import OFTPolicy
+    from vla_scale.models.oft.policy import OFTPolicy
 
 CHECKPOINT_OVERRIDES = ("checkpoint", "unnorm_key", "center_crop", "use_proprio", "num_images", "max_text_len",
                         "action_head", "action_log_std_init")
@@ -108,7 +108,7 @@ def build_policy(cfg: ModelConfig, tokenizer: TextTokenizer, zero3_init: bool = 
     `OFTPolicy.from_pretrained`; with its tokenizer and processor: `vla_for_env`."""
     if cfg.checkpoint:
         raise ValueError("build_policy builds a fresh policy; load model.checkpoint with OFTPolicy.from_pretrained")
-    from vla_scale.models.policy import OFTPolicy
+    from vla_scale.models.oft.policy import OFTPolicy
 
     return OFTPolicy.from_spec(spec_from_model_config(cfg, tokenizer.vocab_size, tokenizer.eos_id),
                                zero3_init=zero3_init)
@@ -157,7 +157,7 @@ def checkpoint_family_of(model: ModelConfig, explicit: Collection[str] = ()) -> 
     """The family `model.checkpoint`'s folder holds (`models/families.checkpoint_family`), else `model.family`; a
     `model.family` set on the command line that the folder contradicts is refused. Folders of no known family are
     left to the configured family's reader, whose refusal names what the folder lacks."""
-    from vla_scale.models.families import CheckpointFolderError, checkpoint_family
+    from vla_scale.models.families import RUN_FAMILIES, CheckpointFolderError, checkpoint_family
 
     if not model.checkpoint:
         return model.family
@@ -168,7 +168,7 @@ def checkpoint_family_of(model: ModelConfig, explicit: Collection[str] = ()) -> 
         found = None
     if found is None:
         return model.family
-    family = "oft" if found.family == "oft" else "pi0"
+    family = RUN_FAMILIES[found.family]
     if family != model.family and "model.family" in explicit:
         raise ConfigError(f"model.family={model.family} but model.checkpoint={model.checkpoint!r} is a "
                           f"{found.note}: drop model.family (the folder decides it)")

@@ -15,14 +15,13 @@ import torch.distributed as dist
 
 from vla_scale.algo.registry import algorithm_class
 from vla_scale.config import Config, ConfigError
-from vla_scale.models import PretrainedVLA
 from vla_scale.models.critic import value_head_problems
 from vla_scale.models.interface import PolicySource
 from vla_scale.parallel.sim.cluster import ray_address_problem
 from vla_scale.run_policy import resolved_model_config, vla_for_env
 
 
-def checked_policy(cfg: Config, explicit: Collection[str] = (), training: bool = True) -> PretrainedVLA:
+def checked_policy(cfg: Config, explicit: Collection[str] = (), training: bool = True) -> PolicySource:
     """The checks of a run's start that need nothing started and neither DeepSpeed nor transformers' Llama imported
     (the entry scripts run them before importing a trainer, which takes seconds): the Ray address, then the policy
     against the env and the command line's `explicit` keys (`run_policy.vla_for_env`), whether the engine can roll

@@ -41,8 +41,8 @@ from vla_scale.batches import (
 from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, validate
 from vla_scale.envs.registry import simulator
 from vla_scale.envs.types import TaskSpec
-from vla_scale.models import PretrainedVLA
 from vla_scale.models.fp8 import fp8_problem
+from vla_scale.models.interface import PolicySource
 from vla_scale.parallel.actor import Actor, UpdateResult
 from vla_scale.parallel.ranks import mean_over_ranks
 from vla_scale.parallel.sim.cluster import start_ray
@@ -160,7 +160,7 @@ class RunComplete(Exception):
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = (), vla: PretrainedVLA | None = None):
+    def __init__(self, cfg: Config, run_dir: str, explicit: Collection[str] = (), vla: PolicySource | None = None):
         """Checks, starting nothing but the process group (`init_distributed`, after the checks that need none): the
         configuration, the Ray address, the policy against the env and the `explicit` keys of the command line
         (`run_setup.checked_policy`; `vla`: its result, when the caller ran it already, as the entry script does
@@ -216,8 +216,8 @@ class Trainer:
         cfg = self.cfg
         self.log = RunLogger(self.run_dir, self.rank)
         torch.manual_seed(cfg.seed)
-        self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.algo, cfg.model.lora, critic_from=self.vla.weights,
-                           scorer=self.vla.chunk_scorer())
+        self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.algo, scorer=self.vla.chunk_scorer(),
+                           lora=cfg.model.lora, critic_from=self.vla.weights)
         if self.actor.critic_source and self.rank == 0 and not cfg.resume:
             print(self.actor.critic_source, flush=True)
         engine_dtype = torch.bfloat16 if cfg.deepspeed.bf16 else None  # the engine holds what the actor holds

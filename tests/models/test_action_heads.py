@@ -14,6 +14,7 @@ import torch
 from vla_scale.config import LoraConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import PretrainedVLA
+from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.models.pretrained import CheckpointError, folder_action_head
 from vla_scale.objectives import gaussian_entropy, gaussian_logprobs
 from vla_scale.run_policy import fresh_vla
@@ -105,7 +106,7 @@ def test_the_engine_samples_scores_and_acts_with_the_gaussian():
     from vla_scale.rollout.engine import RolloutEngine
 
     vla = l1_vla()
-    engine = RolloutEngine(vla.new_policy(), seed=3)
+    engine = RolloutEngine(vla.new_policy(), seed=3, decoder=OFTDecoder())
     batch = vla.inputs(observations(vla))
     out = engine.decode(batch, temperature=1.0)
     assert out.tokens.dtype == np.float32 and out.tokens.shape == (3, 56) and out.actions.shape == (3, 8, 7)

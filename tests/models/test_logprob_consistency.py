@@ -16,6 +16,7 @@ from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
 from vla_scale.models import PretrainedVLA, Processor, WordTokenizer
+from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.objectives import logprobs_from_logits
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import build_policy, fresh_vla
@@ -32,7 +33,7 @@ def setup(request):
     tok = WordTokenizer.from_instructions(instructions())
     torch.manual_seed(0)
     policy = build_policy(cfg, tok)
-    engine = RolloutEngine(build_policy(cfg, tok), seed=3)
+    engine = RolloutEngine(build_policy(cfg, tok), seed=3, decoder=OFTDecoder())
     engine.update_weights_from_tensor(list(policy.named_parameters()), version=1)
     rng = np.random.default_rng(0)
     texts = instructions()
@@ -83,7 +84,7 @@ def test_two_images_and_proprio_recorded_as_rollouts_keep_them_recompute_bitwise
     vla, side = _vla_two_images(fixture)
     assert vla.cameras == ("agentview", "wrist")
     actor = vla.new_policy().train()
-    engine = RolloutEngine(vla.policy, seed=3)
+    engine = RolloutEngine(vla.policy, seed=3, decoder=OFTDecoder())
     engine.update_weights_from_tensor(list(actor.named_parameters()), version=1)
     obs = _two_camera_observations(4, side)
     texts = [o.instruction for o in obs]

@@ -21,6 +21,7 @@ from vla_scale.models.lora import (
     served,
     write_adapters,
 )
+from vla_scale.models.oft.decode import OFTDecoder, OFTScorer
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
@@ -53,7 +54,8 @@ def lora_actor(lora: LoraConfig = LORA, build=None, ds: DeepSpeedConfig | None =
     init_distributed()
     torch.manual_seed(0)
     build = build or (lambda zero3: build_policy(CFG, TOK, zero3))
-    return Actor(build, ds or DeepSpeedConfig(zero_stage=3), AlgoConfig(micro_batches=1, lr=1e-2), lora)
+    return Actor(build, ds or DeepSpeedConfig(zero_stage=3), AlgoConfig(micro_batches=1, lr=1e-2), scorer=OFTScorer(),
+                 lora=lora)
 
 
 def raw(actor: Actor, only=None) -> dict[str, torch.Tensor]:
@@ -98,7 +100,7 @@ def test_the_actor_trains_adapters_only_and_the_engine_receives_the_merged_weigh
     after = raw(actor)
     assert all(torch.equal(after[n], t) for n, t in base.items())  # the base is frozen
     assert any(after[n].abs().sum() > 0 for n in after if n.endswith("lora_B.weight"))  # the adapters moved
-    engine = RolloutEngine(build_policy(CFG, TOK))
+    engine = RolloutEngine(build_policy(CFG, TOK), decoder=OFTDecoder())
     report = sync_weights(actor.policy, engine, 1, bucket_mb=0.01)  # small buckets: modules must stay whole
     assert report.checksum == engine.checksum() and set(engine.weights) == set(base)
     served = dict(p for b in gathered_buckets(actor.policy, 1) for p in b)

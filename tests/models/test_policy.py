@@ -8,6 +8,7 @@ from vla_scale.config import ConfigError, EnvConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
 from vla_scale.models import Processor, WordTokenizer
+from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import build_policy, fresh_vla, vla_for_env
 
@@ -93,7 +94,7 @@ def test_zero_action_embeddings_without_learned_queries():
 
 def test_engine_decodes_versioned_chunks_and_greedy_is_deterministic(parts):
     _, proc, policy = parts
-    engine = RolloutEngine(policy, seed=1)
+    engine = RolloutEngine(policy, seed=1, decoder=OFTDecoder())
     engine.update_weights_from_tensor(list(policy.named_parameters()), version=7)
     batch = proc(observations(4))
     greedy1, greedy2 = engine.decode(batch, 1.6, greedy=True), engine.decode(batch, 1.6, greedy=True)
@@ -104,7 +105,7 @@ def test_engine_decodes_versioned_chunks_and_greedy_is_deterministic(parts):
 
 
 def test_engine_rejects_unknown_or_misshaped_weights():
-    engine = RolloutEngine(build_policy(CFG, WordTokenizer.from_instructions(instructions())))
+    engine = RolloutEngine(build_policy(CFG, WordTokenizer.from_instructions(instructions())), decoder=OFTDecoder())
     with pytest.raises(KeyError, match="does not have"):
         engine.update_weights_from_tensor([("nope.weight", torch.zeros(1))], 1)
     with pytest.raises(ValueError, match="shape mismatch"):

@@ -1,4 +1,4 @@
-"""The engine's fast path (`rollout/fast_forward.py`) decodes what the plain fp32 path decodes (CPU, tiny sizes).
+"""The engine's fast path (`models/oft/fast_forward.py`) decodes what the plain fp32 path decodes (CPU, tiny sizes).
 
 Greedy tokens equal, sampled tokens equal under the same generator seed, log-probs and logits equal to float32
 rounding (the L1 head's Gaussian: its mean, samples and log-probs to float32 rounding); covered: our own tower and
@@ -19,11 +19,12 @@ from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
 from vla_scale.models import OFTPolicy, Processor, WordTokenizer
+from vla_scale.models.oft.decode import OFTDecoder
+from vla_scale.models.oft.fast_forward import Packing, pack_index
 from vla_scale.models.processor import PolicyInputs
 from vla_scale.models.spec import spec_from_openvla
 from vla_scale.models.vision import ViTSpec
 from vla_scale.rollout.engine import RolloutEngine
-from vla_scale.rollout.fast_forward import Packing, pack_index
 from vla_scale.run_policy import build_policy
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=2, num_heads=2,
@@ -91,7 +92,8 @@ def engines(request):
     head = "l1" if name.endswith("-l1") else "tokens"
     name = name.removesuffix("-l1")
     policy, batch = official_case(head, film) if name.startswith("official") else tiny_case(name[5:], head, film)
-    return RolloutEngine(policy, seed=7), RolloutEngine(policy, seed=7, fast=True), batch
+    return (RolloutEngine(policy, seed=7, decoder=OFTDecoder()),
+            RolloutEngine(policy, seed=7, fast=True, decoder=OFTDecoder()), batch)
 
 
 def test_cpu_default_is_the_plain_path(engines):
@@ -158,7 +160,8 @@ def test_fast_logits_with_one_prompt_length_and_after_a_weight_sync(attention):
     policy, batch = tiny_case(attention)
     batch = PolicyInputs(batch.pixel_values, batch.input_ids[:1].expand(5, -1).clone(),
                          batch.attention_mask[:1].expand(5, -1).clone(), batch.proprio)
-    plain, fast = RolloutEngine(policy, seed=7), RolloutEngine(policy, seed=7, fast=True)
+    plain = RolloutEngine(policy, seed=7, decoder=OFTDecoder())
+    fast = RolloutEngine(policy, seed=7, fast=True, decoder=OFTDecoder())
     g = torch.Generator().manual_seed(5)
     new = {name: p + 0.05 * torch.randn(p.shape, generator=g) for name, p in policy.named_parameters()}
     results = []
@@ -176,7 +179,7 @@ def test_fast_logits_with_one_prompt_length_and_after_a_weight_sync(attention):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_towers_side_by_side_on_two_streams_give_the_one_stream_logits():
     policy, batch = official_case()
-    engine = RolloutEngine(policy, "cuda", seed=7, fast=True, compile=False)
+    engine = RolloutEngine(policy, "cuda", seed=7, fast=True, compile=False, decoder=OFTDecoder())
     x = engine.inputs(batch)
     with torch.no_grad():
         assert engine.fast is not None and engine.fast.side_by_side
@@ -191,15 +194,15 @@ def test_towers_side_by_side_on_two_streams_give_the_one_stream_logits():
 def test_a_filmed_policy_compiled_on_the_gpu_gives_the_plain_logits():
     """FiLM's (gamma, beta) go through the compiled block function as tensors of their own."""
     policy, batch = official_case(film=True)
-    plain = RolloutEngine(policy, "cuda", seed=7, fast=False)
-    compiled = RolloutEngine(policy, "cuda", seed=7, fast=True, compile=True)
+    plain = RolloutEngine(policy, "cuda", seed=7, fast=False, decoder=OFTDecoder())
+    compiled = RolloutEngine(policy, "cuda", seed=7, fast=True, compile=True, decoder=OFTDecoder())
     with torch.no_grad():
         want = plain.logits(plain.inputs(batch))
         got = compiled.logits(compiled.inputs(batch))
         for name, param in policy.named_parameters():  # FiLM made the identity: what the towers give without it
             if ".scale." in name or ".shift." in name:
                 param.zero_()
-        identity = RolloutEngine(policy, "cuda", seed=7, fast=True, compile=True)
+        identity = RolloutEngine(policy, "cuda", seed=7, fast=True, compile=True, decoder=OFTDecoder())
         without = identity.logits(identity.inputs(batch))
     error, effect = (got - want).abs().max().item(), (without - want).abs().max().item()
     print(f"compiled vs plain {error:.3g}, without FiLM {effect:.3g}")
@@ -208,7 +211,7 @@ def test_a_filmed_policy_compiled_on_the_gpu_gives_the_plain_logits():
 
 
 def test_the_engine_stacks_q_k_v_and_gate_up_weights_without_copies(engines):
-    from vla_scale.rollout.fast_forward import _llama_weights
+    from vla_scale.models.oft.fast_forward import _llama_weights
 
     _, fast, _ = engines
     for layer in fast.policy.language_model.model.layers:
@@ -223,11 +226,11 @@ def test_an_unfilled_engine_decodes_only_once_a_sync_filled_it(fast):
     """An engine built on `OFTPolicy.unfilled` (no init, no checkpoint read) refuses to decode before a weight sync;
     after one it decodes what an engine built on the filled policy decodes, bit for bit."""
     policy, batch = tiny_case("causal")
-    empty = RolloutEngine(OFTPolicy.unfilled(policy.spec), seed=7, fast=fast, filled=False)
+    empty = RolloutEngine(OFTPolicy.unfilled(policy.spec), seed=7, fast=fast, filled=False, decoder=OFTDecoder())
     with pytest.raises(RuntimeError, match="holds no weights"):
         empty.decode(batch, temperature=1.0)
     empty.update_weights_from_tensor([(n, p.detach()) for n, p in policy.named_parameters()], 1)
-    reference = RolloutEngine(policy, seed=7, fast=fast)
+    reference = RolloutEngine(policy, seed=7, fast=fast, decoder=OFTDecoder())
     got, want = empty.decode(batch, temperature=1.0), reference.decode(batch, temperature=1.0)
     assert np.array_equal(got.tokens, want.tokens) and np.array_equal(got.logprobs, want.logprobs)
     assert empty.checksum() == reference.checksum()

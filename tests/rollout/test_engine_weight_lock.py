@@ -12,6 +12,7 @@ from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
 from vla_scale.models import Processor, WordTokenizer
+from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.parallel.sync.weight_sync import sync_weights
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import build_policy
@@ -24,7 +25,7 @@ def test_decodes_in_another_thread_see_one_version_of_the_weights():
     tok = WordTokenizer.from_instructions(instructions())
     torch.manual_seed(0)
     sources = [build_policy(CFG, tok), build_policy(CFG, tok)]  # two weight sets: versions even / odd
-    engine = RolloutEngine(build_policy(CFG, tok))
+    engine = RolloutEngine(build_policy(CFG, tok), decoder=OFTDecoder())
     rng = np.random.default_rng(0)
     obs = [Observation({"agentview": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)},
                        rng.normal(size=4).astype(np.float32), instructions()[0]) for _ in range(4)]

@@ -14,6 +14,7 @@ import torch
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import TaskSpec
+from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.parallel.sim.cluster import start_ray
 from vla_scale.parallel.sim.fleet import LocalWorkers, SimFleet
 from vla_scale.rollout.engine import RolloutEngine
@@ -37,7 +38,7 @@ def setup(ray_session, request):
                      sims_per_worker=2, timeout_s=60, in_process=request.param == "trainer")
     vla = fresh_vla(CFG, instructions())
     torch.manual_seed(0)
-    engine = RolloutEngine(vla.policy, seed=0)
+    engine = RolloutEngine(vla.policy, seed=0, decoder=OFTDecoder())
     engine.version = 5
     yield fleet, engine, vla
     fleet.close()
@@ -99,7 +100,7 @@ def test_each_chunk_records_how_many_of_its_actions_ran(ray_session):
     try:
         vla = fresh_vla(CFG, instructions())
         torch.manual_seed(0)
-        trajs = EnvLoop(fleet, RolloutEngine(vla.policy, seed=1), vla, max_chunks=3).run(
+        trajs = EnvLoop(fleet, RolloutEngine(vla.policy, seed=1, decoder=OFTDecoder()), vla, max_chunks=3).run(
             [TaskSpec("reach", 0, 1), TaskSpec("reach", 1, 2)], ["a", "b"], temperature=1.0)
     finally:
         fleet.close()

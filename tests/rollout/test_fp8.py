@@ -26,6 +26,7 @@ from vla_scale.models.fp8 import (
     quantise_rows,
     quantise_weight,
 )
+from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import build_policy
 from vla_scale.tensors.checksum import weights_checksum
@@ -65,8 +66,8 @@ def case(request):
 
 def test_an_fp8_engine_decodes_close_to_the_bf16_fast_path(case):
     policy, batch = case
-    bf16 = RolloutEngine(policy, seed=7, fast=True)
-    fp8 = RolloutEngine(policy, seed=7, precision="fp8", emulate_fp8=True)
+    bf16 = RolloutEngine(policy, seed=7, fast=True, decoder=OFTDecoder())
+    fp8 = RolloutEngine(policy, seed=7, precision="fp8", emulate_fp8=True, decoder=OFTDecoder())
     assert fp8.fast is not None and fp8.fp8 is not None
     with torch.no_grad():
         want, got = bf16.logits(bf16.inputs(batch)), fp8.logits(fp8.inputs(batch))
@@ -81,7 +82,7 @@ def test_an_fp8_engine_decodes_close_to_the_bf16_fast_path(case):
 
 def test_a_sync_lands_exactly_and_is_quantised_before_the_next_decode(case):
     policy, batch = case
-    engine = RolloutEngine(policy, seed=7, precision="fp8", emulate_fp8=True)
+    engine = RolloutEngine(policy, seed=7, precision="fp8", emulate_fp8=True, decoder=OFTDecoder())
     engine.decode(batch, 1.6)
     assert engine.fp8 is not None
     old = engine.fp8.layers[0].o.data.clone()
@@ -100,7 +101,7 @@ def test_a_sync_lands_exactly_and_is_quantised_before_the_next_decode(case):
 
 def test_release_lets_the_fp8_copies_go_and_resume_needs_a_sync(case):
     policy, batch = case
-    engine = RolloutEngine(policy, seed=7, precision="fp8", emulate_fp8=True)
+    engine = RolloutEngine(policy, seed=7, precision="fp8", emulate_fp8=True, decoder=OFTDecoder())
     weights = {name: p.detach().clone() for name, p in policy.named_parameters()}
     engine.decode(batch, 1.6)
     engine.release_memory_occupation()
@@ -117,11 +118,11 @@ def test_fp8_is_refused_where_it_cannot_run():
     if fp8_problem(torch.device("cpu")) is None:
         pytest.fail("a CPU must not count as able to run FP8 products")
     with pytest.raises(ValueError, match="FP8 tensor cores.*rollout.precision=bf16"):
-        RolloutEngine(policy, "cpu", precision="fp8")
+        RolloutEngine(policy, "cpu", precision="fp8", decoder=OFTDecoder())
     with pytest.raises(ValueError, match="fast path"):
-        RolloutEngine(policy, precision="fp8", emulate_fp8=True, fast=False)
+        RolloutEngine(policy, precision="fp8", emulate_fp8=True, fast=False, decoder=OFTDecoder())
     with pytest.raises(ValueError, match="choose one of"):
-        RolloutEngine(policy, precision="int4")
+        RolloutEngine(policy, precision="int4", decoder=OFTDecoder())
     with pytest.raises(ValueError, match=r"multiples of 16"):
         check_shape("decoder layer 0 o", torch.zeros(40, 24), emulate=False)
     check_shape("decoder layer 0 o", torch.zeros(40, 24), emulate=True)

@@ -26,6 +26,12 @@ def _decoded(source: Pi0Source, seed: int = 3):
     return prepared, engine.decode(prepared.on("cpu"), temperature=1.0, greedy=False)
 
 
+def _scored(source, forward, prepared, sampled: dict[str, torch.Tensor], **critic: bool):
+    """The family's scorer on the recorded chains (tokens, temperature and trimming are OFT's to read)."""
+    return source.chunk_scorer().logprobs(forward, source.policy, prepared, torch.zeros(len(prepared), 1), sampled,
+                                          torch.device("cpu"), 1.0, False, **critic)
+
+
 def test_the_rollouts_chunk_logprob_is_scored_again_with_gradients(tmp_path: Path) -> None:
     for pi05 in (False, True):
         source = Pi0Source.from_folder(str(write_tiny_pi0(tmp_path / f"pi05_{pi05}", pi05)), "pick_place")
@@ -43,9 +49,9 @@ def test_the_rollouts_chunk_logprob_is_scored_again_with_gradients(tmp_path: Pat
 
         policy = source.new_policy()  # the actor's copy: the same weights, trainable
         sampled = {k: torch.from_numpy(v) for k, v in decoded.sampled.items()}
-        logprobs, entropy, values = source.chunk_scorer().logprobs(policy, prepared, sampled, torch.device("cpu"))
+        logprobs, entropy, values = _scored(source, policy, prepared, sampled)
         assert values is None
-        assert logprobs.shape == entropy.shape == (3, 1)
+        assert logprobs.shape == entropy().shape == (3, 1)
         torch.testing.assert_close(logprobs.detach(), torch.from_numpy(decoded.logprobs), rtol=0, atol=1e-4)
         logprobs.sum().backward()
         grads = [p.grad for p in policy.parameters() if p.grad is not None]
@@ -69,8 +75,8 @@ def test_the_value_head_reads_the_prefix_in_the_scorers_pass(tmp_path: Path) -> 
         head = ValueHead(source.value_width, 16, position)
         torch.nn.init.normal_(head.net[-1].weight)  # a trained head's: not the fresh zero
         model = PolicyWithValue(policy, head)
-        logprobs, _, values = source.chunk_scorer().logprobs(model, prepared, sampled, cpu, detach_backbone=False)
-        alone, _, _ = source.chunk_scorer().logprobs(policy, prepared, sampled, cpu)
+        logprobs, _, values = _scored(source, model, prepared, sampled, detach_backbone=False)
+        alone, _, _ = _scored(source, policy, prepared, sampled)
         torch.testing.assert_close(logprobs, alone, rtol=0, atol=0)  # the log-probs as without a critic
         _, pad, out = policy.prefix_pass(prepared.on(cpu))
         valid = pad.nonzero()
@@ -83,6 +89,6 @@ def test_the_value_head_reads_the_prefix_in_the_scorers_pass(tmp_path: Path) -> 
         assert policy.paligemma_with_expert.language_model.layers[0].mlp.down_proj.weight.grad.abs().sum() > 0
         assert policy.action_out_proj.weight.grad is None  # ... through the prefix alone
         policy.zero_grad(set_to_none=True)
-        _, _, detached = source.chunk_scorer().logprobs(model, prepared, sampled, cpu, detach_backbone=True)
+        _, _, detached = _scored(source, model, prepared, sampled, detach_backbone=True)
         detached.sum().backward()
         assert all(p.grad is None for p in policy.parameters()) and head.net[0].weight.grad is not None

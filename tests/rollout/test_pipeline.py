@@ -19,6 +19,7 @@ import torch
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import TaskSpec
+from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.parallel.sim.cluster import start_ray
 from vla_scale.parallel.sim.fleet import SimFleet, SimWorker
 from vla_scale.parallel.sim.process import SimulatorError
@@ -35,7 +36,7 @@ def parts():
     start_ray(num_cpus=2)
     vla = fresh_vla(CFG, instructions())
     torch.manual_seed(0)
-    yield RolloutEngine(vla.policy, seed=0), vla
+    yield RolloutEngine(vla.policy, seed=0, decoder=OFTDecoder()), vla
     ray.shutdown()
 
 

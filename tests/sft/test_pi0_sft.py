@@ -94,7 +94,7 @@ def test_the_flow_loss_falls_on_a_repeated_batch():
     demos = source.demonstrations(episodes)
     init_distributed()
     torch.manual_seed(0)
-    actor = Actor(source.new_policy, DeepSpeedConfig(zero_stage=3), SftConfig(lr=3e-3))
+    actor = Actor(source.new_policy, DeepSpeedConfig(zero_stage=3), SftConfig(lr=3e-3), scorer=source.chunk_scorer())
     draw = demos.draw(np.random.default_rng(0), 8)
     losses = [actor.supervised_update([demos.batch(draw, np.arange(8))])["loss"] for _ in range(12)]
     assert losses[-1] < 0.8 * losses[0] and min(losses[-3:]) < min(losses[:3]), losses

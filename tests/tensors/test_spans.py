@@ -6,6 +6,7 @@ import torch
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import WordTokenizer
+from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import build_policy
 from vla_scale.tensors.spans import end_to_end, span
@@ -33,7 +34,7 @@ def test_only_tensors_that_lie_end_to_end_make_a_span():
 def test_a_bucket_that_lies_end_to_end_is_copied_whole_and_exactly():
     tok = WordTokenizer.from_instructions(instructions())
     torch.manual_seed(3)
-    engine = RolloutEngine(build_policy(CFG, tok))
+    engine = RolloutEngine(build_policy(CFG, tok), decoder=OFTDecoder())
     torch.manual_seed(4)
     names = [name for name, _ in engine.policy.named_parameters()]
     new = dict(build_policy(CFG, tok).named_parameters())

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vla_scale.models.actions import ActionTokenizer, DatasetStats
-    from vla_scale.models.policy import OFTPolicy
+    from vla_scale.models.oft.policy import OFTPolicy
     from vla_scale.models.pretrained import CheckpointError, Prediction, PretrainedVLA
     from vla_scale.models.processor import ImageTransform, PolicyInputs, PreparedInputs, Processor
     from vla_scale.models.tokenizer import HFTokenizer, TextTokenizer, WordTokenizer
 
 _HOMES = {
-    "ActionTokenizer": "actions", "DatasetStats": "actions", "OFTPolicy": "policy", "CheckpointError": "pretrained",
+    "ActionTokenizer": "actions", "DatasetStats": "actions", "OFTPolicy": "oft.policy", "CheckpointError": "pretrained",
     "Prediction": "pretrained", "PretrainedVLA": "pretrained", "ImageTransform": "processor",
     "PolicyInputs": "processor", "PreparedInputs": "processor", "Processor": "processor",
     "HFTokenizer": "tokenizer", "TextTokenizer": "tokenizer", "WordTokenizer": "tokenizer",

@@ -36,6 +36,8 @@ LEROBOT_TYPES = {"pi0": "pi0", "pi05": "pi05"}
 Family = Literal["oft", "pi0", "pi05"]
 Layout = Literal["openpi", "lerobot", "openvla"]
 FAMILY_NAMES = {"oft": "OpenVLA-OFT", "pi0": "π0", "pi05": "π0.5"}
+RUN_FAMILIES = {"oft": "oft", "pi0": "pi0", "pi05": "pi0"}
+"""A checkpoint's family -> the `model.family` that loads it (π0.5 is π0's family with its flags)."""
 LAYOUT_NAMES = {"openpi": "openpi layout", "lerobot": "LeRobot layout", "openvla": "official OpenVLA layout"}
 MAX_HEADER = 100 * 2**20
 """A safetensors header longer than this is taken for a file of another kind."""

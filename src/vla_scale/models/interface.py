@@ -26,19 +26,20 @@ What the rollout engine and the env loop ask of it (evaluation: `launch/eval.py`
       processor.prepare(observations)  ------->  the images as the policy sees them + raw proprio (recorded)
       processor.from_prepared(...)  ---------->  the model's inputs on the engine's device
       RolloutEngine(policy, decoder=chunk_decoder())
-        .decode(inputs, temperature, greedy) ->  Decoded; a family's `ChunkDecoder` decodes the batch (π0: noise-free
-                                                 `sample_actions`, or with `greedy=False` a Flow-SDE chain whose
-                                                 record, `Decoded.sampled`, the update scores again), None: the
-                                                 engine's own path (OFT's bins / L1 head)
+        .decode(inputs, temperature, greedy) ->  Decoded; the family's `ChunkDecoder` decodes the batch (OFT: the
+                                                 head's bins / L1 Gaussian over the engine's logits, its fast forward
+                                                 on a GPU; π0: noise-free `sample_actions`, or with `greedy=False` a
+                                                 Flow-SDE chain whose record, `Decoded.sampled`, the update scores
+                                                 again)
       env_actions(decoded.actions)  ---------->  the chunk in the env's convention
 
 What the RL update asks of it (`launch/train.py`):
 
     Actor(new_policy, ..., scorer=chunk_scorer())
-      scorer.logprobs(forward, inputs, sampled) ->  the recorded chunks' log-probs with gradients (π0: the chain's
-                                                    stochastic step again, `Pi0Policy.chain_logprobs`), with a
-                                                    critic its values from the same pass; None: OFT's head and its
-                                                    `distribution`
+      scorer.logprobs(forward, ..., sampled) ->  the recorded chunks' log-probs with gradients (OFT: the head's
+                                                    `distribution` of the tokens; π0: the chain's stochastic step
+                                                    again, `Pi0Policy.chain_logprobs`), with a critic its values
+                                                    from the same pass
       value_width  --------------------------->  the width of the hidden state a value head reads (PPO)
 
 OFT's loss is the cross-entropy over bins or the L1 regression of its head; π0's is the flow-matching loss masked over
@@ -120,24 +121,48 @@ Sampled = dict[str, np.ndarray]
 needs to score the chunk again (π0: the denoising chain, its stochastic step, the noise level); empty for OFT."""
 
 
+class DecodingEngine(Protocol):
+    """What a `ChunkDecoder` reads of the rollout engine (`rollout/engine.RolloutEngine`)."""
+
+    policy: nn.Module
+    generator: torch.Generator
+
+    def inputs(self, batch: Any) -> Any:
+        """The batch on the engine's device (prompt padding trimmed on the fast path)."""
+        ...
+
+    def logits(self, batch: Any, prompt_lengths: list[int] | None = None) -> Tensor:
+        """The policy's output for a batch on the device: its own forward's, or the fast forward's."""
+        ...
+
+
 class ChunkDecoder(Protocol):
     """How the rollout engine decodes a family's batch with its own copy of the policy (`RolloutEngine(decoder=)`)."""
 
-    def decode(self, policy: nn.Module, batch: Any, temperature: float, greedy: bool, generator: torch.Generator
+    def fast_forward(self, policy: nn.Module, compile: bool, fp8: Any) -> Callable[..., Tensor] | None:
+        """The engine's faster forward of `policy` (compiled, FP8 products where `fp8` holds the weights' copies),
+        or None where the family has none."""
+        ...
+
+    def decode(self, engine: DecodingEngine, batch: Any, temperature: float, greedy: bool
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Sampled]:
         """(tokens [B, K], logprobs float32[B, K], actions float64[B, chunk, env action size], what was sampled)
-        of `batch`, its randomness from the engine's seeded `generator` (`rollout/engine.Decoded`)."""
+        of `batch` with the engine's policy, its randomness from the engine's seeded `generator`
+        (`rollout/engine.Decoded`)."""
         ...
 
 
 class ChunkScorer(Protocol):
-    """How the actor scores a family's recorded chunks again (`Actor(scorer=)`; None: OFT's own head)."""
+    """How the actor scores a family's recorded chunks again (`Actor(scorer=)`)."""
 
-    def logprobs(self, forward: Callable[..., Any], inputs: Any, sampled: dict[str, Tensor], device: torch.device,
-                 **critic: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-        """(log-probs float32[B, width], entropy float32[B, width], values float32[B] or None) of the recorded
-        chunks, with gradients, the policy run through `forward` (the DeepSpeed engine); the width is the rollout's
-        record's. `critic` (`detach_backbone=`) is given when the engine holds a value head beside the policy
+    def logprobs(self, forward: Callable[..., Any], policy: nn.Module, inputs: Any, tokens: Tensor,
+                 sampled: dict[str, Tensor], device: torch.device, temperature: float, trim: bool, **critic: bool
+                 ) -> tuple[Tensor, Callable[[], Tensor], Tensor | None]:
+        """(log-probs float32[B, width], how to read the entropy float32[B, width] (no gradient, after the step),
+        values float32[B] or None) of the recorded chunks (`tokens` and the family's record `sampled`), with
+        gradients, the policy run through `forward` (the DeepSpeed engine) at the sampling `temperature` (`trim`:
+        prompt padding dropped where the family can); the width is the rollout's record's. `critic`
+        (`detach_backbone=`) is given when the engine holds a value head beside the policy
         (`models/critic.PolicyWithValue`): its values come from the same pass."""
         ...
 
@@ -190,12 +215,12 @@ class PolicySource(Protocol):
         """The policy, built on first use, eval mode (what an evaluation's engine decodes with)."""
         ...
 
-    def chunk_decoder(self) -> ChunkDecoder | None:
-        """The engine's decoder for this family; None: the engine's own (OFT)."""
+    def chunk_decoder(self) -> ChunkDecoder:
+        """The engine's decoder for this family."""
         ...
 
-    def chunk_scorer(self) -> ChunkScorer | None:
-        """The actor's scorer of recorded chunks for this family; None: the actor's own (OFT)."""
+    def chunk_scorer(self) -> ChunkScorer:
+        """The actor's scorer of recorded chunks for this family."""
         ...
 
     def unfilled_policy(self) -> nn.Module:

@@ -58,7 +58,8 @@ from vla_scale.models.statistics import dataset_statistics
 from vla_scale.models.tokenizer import HFTokenizer, TextTokenizer, prompt_text
 
 if TYPE_CHECKING:  # the policy module imports transformers' Llama: checking a policy against an env needs none
-    from vla_scale.models.policy import OFTPolicy
+    from vla_scale.models.oft.decode import OFTDecoder, OFTScorer
+    from vla_scale.models.oft.policy import OFTPolicy
 
 
 class CheckpointError(ValueError):
@@ -197,13 +198,17 @@ class PretrainedVLA:
     def recording_problems(self) -> list[str]:
         return []
 
-    def chunk_decoder(self) -> None:
-        """None: the rollout engine decodes OFT with its own path (logits, `policy.distribution`)."""
-        return None
+    def chunk_decoder(self) -> OFTDecoder:
+        """The rollout engine's decode of OFT: the head's `distribution` over the engine's logits."""
+        from vla_scale.models.oft.decode import OFTDecoder
 
-    def chunk_scorer(self) -> None:
-        """None: the actor scores OFT's tokens with its own path (the head's `distribution`)."""
-        return None
+        return OFTDecoder()
+
+    def chunk_scorer(self) -> OFTScorer:
+        """The actor's score of OFT's tokens: the head's `distribution` over the update forward's output."""
+        from vla_scale.models.oft.decode import OFTScorer
+
+        return OFTScorer()
 
     def demonstration_problems(self, episodes: Sequence[Episode]) -> list[str]:
         """Demonstration instructions the policy cannot read as given: words its tokenizer does not know (a fresh
@@ -256,7 +261,7 @@ class PretrainedVLA:
     def new_policy(self, zero3_init: bool = False) -> OFTPolicy:
         """Another copy from the same source (fresh: a new random init; checkpoint: its weights again), adapters
         merged. `zero3_init`: the caller builds it inside `deepspeed.zero.Init`."""
-        from vla_scale.models.policy import OFTPolicy
+        from vla_scale.models.oft.policy import OFTPolicy
 
         policy = OFTPolicy.from_spec(self.spec, self.weights, zero3_init)
         if self.adapters:
@@ -269,7 +274,7 @@ class PretrainedVLA:
     def unfilled_policy(self) -> OFTPolicy:
         """A policy of this one's shape holding no values yet (`OFTPolicy.unfilled`): for a rollout engine that a
         weight sync fills (the trainer's); nothing is read from the checkpoint."""
-        from vla_scale.models.policy import OFTPolicy
+        from vla_scale.models.oft.policy import OFTPolicy
 
         return OFTPolicy.unfilled(self.spec)
 

@@ -3,12 +3,17 @@
 The engine never shares tensors with the actor: weights arrive through `update_weights_from_tensor` (copied), and
 every output carries the policy version it was decoded with, so stale samples can be told apart.
 
-Two ways to compute the logits: the policy's own forward (`fast=False`, the default on CPU, bitwise what the actor
-recomputes) and `FastForward` (`rollout/fast_forward.py`: trimmed prompts, the decoder on packed real positions with
-unmasked attention, compiled blocks, only the rows and bins that are read), the default on CUDA. The fast logits equal
-the plain ones up to rounding (the kernels differ), so on the GPU the first PPO ratio of a step is 1 within bf16 noise
-rather than exactly 1; sampling, log-probs and actions are the same code for both. `benchmarks/decode.py` measures
-both and their agreement.
+The family's `ChunkDecoder` (`models/interface.py`: `PolicySource.chunk_decoder()`) turns a batch into a chunk with
+the engine's policy and seeded generator: OFT's (`models/oft/decode.OFTDecoder`) samples the action head's
+distribution over the engine's logits; π0's / π0.5's (`models/pi0/rollout.Pi0Decoder`) runs noise-free
+`sample_actions` for evaluation and a Flow-SDE chain for RL (what it sampled goes in `Decoded.sampled`, kept per
+chunk by the env loop for the update). The engine computes logits two ways: the policy's own forward (`fast=False`,
+the default on CPU, bitwise what the actor recomputes) and the fast forward the decoder builds where the family has
+one (OFT's `FastForward`, `models/oft/fast_forward.py`: trimmed prompts, the decoder on packed real positions with
+unmasked attention, compiled blocks, only the rows and bins that are read), the default on CUDA. The fast logits
+equal the plain ones up to rounding (the kernels differ), so on the GPU the first PPO ratio of a step is 1 within
+bf16 noise rather than exactly 1; sampling, log-probs and actions are the same code for both. `benchmarks/decode.py`
+measures both and their agreement.
 
 Weights arrive through `update_weights_from_tensor`: from the actor in the same process (`parallel/sync/weight_sync.py`)
 or from trainer rank 0 over an update group, received by a `WeightReceiver` that wraps the engine
@@ -16,16 +21,10 @@ or from trainer rank 0 over an update group, received by a `WeightReceiver` that
 engine shares a GPU with the actor, `release_memory_occupation` frees its weights during the update and
 `resume_memory_occupation` takes the memory back for the sync that follows.
 
-`precision="fp8"` (`rollout.precision`): the fast path multiplies in FP8 (`models/fp8.py`). The engine still
+`precision="fp8"` (`rollout.precision`): the fast forward multiplies in FP8 (`models/fp8.py`). The engine still
 receives and holds the actor's weights exactly (the sync compares and fingerprints them); before the first forward
 after a sync it quantises them into FP8 copies, so its log-probs are those of a slightly different policy, which the
 trainer treats as the behaviour policy.
-
-A family whose policy the engine's own path does not decode hands it a `ChunkDecoder` (`models/interface.py`:
-`PolicySource.chunk_decoder()`; π0 / π0.5: `models/pi0/rollout.Pi0Decoder`, noise-free `sample_actions` for
-evaluation, a Flow-SDE chain for RL): `decode` then gives it the policy, the batch (already on the engine's device)
-and the engine's seeded generator, and wraps what it returns in `Decoded` (what it sampled in `Decoded.sampled`,
-kept per chunk by the env loop for the update); the fast path and FP8 are OFT's only.
 
 A decode and a sync never overlap: `decode` holds the engine's weight lock for the forward, and a sync holds it for
 all of its buckets (`receiving`), so a decode running in another thread (`algo.max_staleness=1`) sees the weights of
@@ -38,6 +37,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,8 +45,6 @@ from torch import Tensor, nn
 
 from vla_scale.models.fp8 import PRECISIONS, Fp8Weights, fp8_problem
 from vla_scale.models.interface import ChunkDecoder, Sampled
-from vla_scale.models.policy import OFTPolicy, PolicyInputs
-from vla_scale.rollout.fast_forward import FastForward
 from vla_scale.tensors.checksum import weights_checksum
 from vla_scale.tensors.spans import span
 
@@ -67,23 +65,21 @@ class Decoded:
 class RolloutEngine:
     """Decodes action chunks for batches of observations with its own copy of the weights."""
 
-    def __init__(self, policy: OFTPolicy | nn.Module, device: str | torch.device = "cpu", seed: int = 0,
+    def __init__(self, policy: nn.Module, device: str | torch.device = "cpu", seed: int = 0,
                  fast: bool | None = None, compile: bool | None = None, pin_memory: bool | None = None,
                  dtype: torch.dtype | None = None, precision: str = "bf16", emulate_fp8: bool = False,
-                 filled: bool = True, decoder: ChunkDecoder | None = None):
+                 filled: bool = True, *, decoder: ChunkDecoder):
         """`fast`, `compile`, `pin_memory`: None picks them by device (all on for CUDA, off on CPU). `compile`
         applies to the fast path only; `pin_memory` stages host inputs in reused page-locked buffers so that their
         copy to the GPU is asynchronous. `dtype`: cast the engine's weights (e.g. bfloat16), None keeps the policy's;
         weight sync then casts what it receives to it. `precision`: "bf16" multiplies in the weights' own dtype,
         "fp8" on FP8 tensor cores (fast path only; refused on a device without them); `emulate_fp8` runs the FP8
         arithmetic in float32 instead, on any device (tests). `filled=False`: the policy's weights hold no values yet
-        (`OFTPolicy.unfilled`); nothing is copied, and decoding waits for the first weight sync. `decoder`: the
-        family's own decode (`PolicySource.chunk_decoder()`; module docstring), None: the engine's (OFT)."""
+        (`PolicySource.unfilled_policy`); nothing is copied, and decoding waits for the first weight sync.
+        `decoder`: the family's decode (`PolicySource.chunk_decoder()`; module docstring), which also builds the fast
+        forward where the family has one."""
         self.device = torch.device(device)
         self.decoder = decoder
-        if decoder is not None and (precision == "fp8" or fast):
-            raise ValueError("rollout.precision=fp8 and the fast path decode OFT policies only; use "
-                             "rollout.precision=bf16")
         on_gpu = self.device.type == "cuda"
         if precision not in PRECISIONS:
             raise ValueError(f"rollout.precision={precision!r}: choose one of {PRECISIONS}")
@@ -99,14 +95,16 @@ class RolloutEngine:
         self.version = -1
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         wants_fast = on_gpu or precision == "fp8"  # FP8 products exist on the fast path only
-        use_fast = (wants_fast and decoder is None and FastForward.supports(self.policy)) if fast is None else fast
-        if precision == "fp8" and not (use_fast and FastForward.supports(self.policy)):
-            raise ValueError("rollout.precision=fp8 runs on the engine's fast path (a Llama policy with a silu "
-                             "MLP, fast=True); use rollout.precision=bf16")
         self.fp8 = Fp8Weights(emulate_fp8) if precision == "fp8" else None
         self._fp8_stale = True  # the FP8 copies no longer match the weights: quantise before the next forward
-        self.fast = (FastForward(self.policy, on_gpu if compile is None else compile, fp8=self.fp8) if use_fast
-                     else None)
+        use_fast = wants_fast if fast is None else fast
+        compiled = on_gpu if compile is None else compile
+        self.fast = decoder.fast_forward(self.policy, compiled, self.fp8) if use_fast else None
+        if self.fast is None and (fast or precision == "fp8"):
+            why = "fast=False turns it off" if fast is False else "this policy has none (OFT's Llama policies with " \
+                "a silu MLP have one)"
+            raise ValueError(f"rollout.precision=fp8 and fast=True run on the engine's fast path, and {why}: use "
+                             "rollout.precision=bf16")
         self.pin_memory = on_gpu if pin_memory is None else pin_memory
         self._staging: dict[str, Tensor] = {}
         self.released = False
@@ -151,23 +149,25 @@ class RolloutEngine:
         staged = buffer[: tensor.numel()].view(tensor.shape).copy_(tensor)
         return staged.to(self.device, non_blocking=True)
 
-    def inputs(self, batch: PolicyInputs) -> PolicyInputs:
-        """The batch on the engine's device (prompt padding trimmed first on the fast path)."""
+    def inputs(self, batch: Any) -> Any:
+        """The batch (tensors by field: OFT's `PolicyInputs`) on the engine's device, staged through pinned host
+        buffers where `pin_memory` (prompt padding trimmed first on the fast path)."""
         if self.fast is not None:
             batch = batch.trimmed()
-        return PolicyInputs(*(self._to_device(name, t) for name, t in vars(batch).items()))
+        return type(batch)(*(self._to_device(name, t) for name, t in vars(batch).items()))
 
-    def logits(self, batch: PolicyInputs, prompt_lengths: list[int] | None = None) -> Tensor:
-        """The action head's distribution parameters of a batch already on the device, as the policy's forward
-        gives them (bin logits float32[B, chunk*action_dim, n_bins], or the l1 head's [B, K, 2]). `prompt_lengths`
-        (the fast path's packing, read from the host's copy of the mask) spares reading them back from the device."""
+    def logits(self, batch: Any, prompt_lengths: list[int] | None = None) -> Tensor:
+        """The policy's output (OFT: the action head's distribution parameters, bin logits float32[B,
+        chunk*action_dim, n_bins] or the l1 head's [B, K, 2]) of a batch already on the device, from its own forward
+        or the fast forward. `prompt_lengths` (the fast path's packing, read from the host's copy of the mask)
+        spares reading them back from the device."""
         if self.fast is None:
             return self.policy(batch).float()
         self.quantise()
         return self.fast(batch.pixel_values, batch.input_ids, batch.attention_mask, batch.proprio, prompt_lengths)
 
     @torch.no_grad()
-    def decode(self, batch: PolicyInputs, temperature: float, greedy: bool = False) -> Decoded:
+    def decode(self, batch: Any, temperature: float, greedy: bool = False) -> Decoded:
         """Sample (or take the mode of) every action dimension of the chunk in one forward pass, with the weights of
         one version (a sync waits for the decode to end, and the decode for a sync)."""
         with self._weights_lock:
@@ -179,23 +179,12 @@ class RolloutEngine:
         with self._weights_lock:
             yield
 
-    def _decode(self, batch: PolicyInputs, temperature: float, greedy: bool) -> Decoded:
+    def _decode(self, batch: Any, temperature: float, greedy: bool) -> Decoded:
         if self.released or self._awaiting_sync:
             raise RuntimeError("the rollout engine holds no weights: sync them from the actor before decoding "
                                "(after resume_memory_occupation every weight must be pushed again)")
-        if self.decoder is not None:
-            tokens_np, logprobs_np, actions, sampled = self.decoder.decode(self.policy, batch, temperature, greedy,
-                                                                           self.generator)
-            return Decoded(tokens_np, logprobs_np, actions, self.version, sampled)
-        lengths = batch.attention_mask.sum(dim=1).tolist() if batch.attention_mask.device.type == "cpu" else None
-        raw = self.logits(self.inputs(batch), lengths)  # lengths from the host: no wait for the copies to the GPU
-        dist = self.policy.distribution
-        tokens = dist.sample(raw, temperature, greedy, self.generator)
-        # the same function the trainer recomputes them with, so both agree bitwise
-        logprobs = dist.logprobs(raw, tokens, temperature)
-        tokens_np = tokens.cpu().numpy()
-        actions = self.policy.tokens_to_actions(tokens_np, greedy=greedy)
-        return Decoded(tokens_np, logprobs.cpu().numpy(), actions, self.version)
+        tokens, logprobs, actions, sampled = self.decoder.decode(self, batch, temperature, greedy)
+        return Decoded(tokens, logprobs, actions, self.version, sampled)
 
     @torch.no_grad()
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:

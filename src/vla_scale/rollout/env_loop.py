@@ -20,7 +20,7 @@ import numpy as np
 
 from vla_scale.batches import Trajectory
 from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
-from vla_scale.models.pretrained import PretrainedVLA
+from vla_scale.models.interface import PolicySource
 from vla_scale.parallel.sim.fleet import Restarted, SimFleet
 from vla_scale.rollout.engine import RolloutEngine
 
@@ -69,10 +69,10 @@ def success_metrics(outcomes: list[tuple[TaskSpec, bool]], num_tasks: int,
 
 class EnvLoop:
     """`vla` supplies the inputs (its processor) and the env's action post-processing; `engine` decodes. When the
-    fleet's simulators were built with `image_prep` (`PretrainedVLA.simulator_kwargs`), their images arrive as the
+    fleet's simulators were built with `image_prep` (`PolicySource.simulator_kwargs`), their images arrive as the
     towers see them and are only normalised here."""
 
-    def __init__(self, fleet: SimFleet, engine: RolloutEngine, vla: PretrainedVLA, max_chunks: int):
+    def __init__(self, fleet: SimFleet, engine: RolloutEngine, vla: PolicySource, max_chunks: int):
         self.fleet, self.engine, self.vla = fleet, engine, vla
         self.processor = vla.processor
         self.max_chunks = max_chunks

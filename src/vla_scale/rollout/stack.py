@@ -12,7 +12,7 @@ import torch
 from vla_scale.batches import Trajectory
 from vla_scale.config import EnvConfig, ParallelConfig
 from vla_scale.envs.types import TaskSpec
-from vla_scale.models import PretrainedVLA
+from vla_scale.models.interface import PolicySource
 from vla_scale.parallel.sim.cluster import sim_node_count, start_ray
 from vla_scale.parallel.sim.fleet import SimFleet
 from vla_scale.parallel.sim.render_device import render_environment
@@ -39,9 +39,9 @@ def start_ray_for(parallel: ParallelConfig) -> bool:
     return True
 
 
-def start_fleet(env: EnvConfig, parallel: ParallelConfig, vla: PretrainedVLA, size: int, stages: int = 1) -> SimFleet:
+def start_fleet(env: EnvConfig, parallel: ParallelConfig, vla: PolicySource, size: int, stages: int = 1) -> SimFleet:
     """`size` simulators of `env` in `stages` pipeline stages (`rollout.pipeline_stage_num`), built with what `vla`
-    needs from them (`PretrainedVLA.simulator_kwargs`), placed as `parallel` says, rendering on the EGL device of this
+    needs from them (`PolicySource.simulator_kwargs`), placed as `parallel` says, rendering on the EGL device of this
     rank's GPU (`parallel/sim/render_device.py`); in disaggregated mode the simulation nodes must be there first."""
     disagg = parallel.disagg_sim
     found = sim_node_count() if disagg.enable else 0

@@ -118,7 +118,8 @@ class SupervisedTrainer:
         cfg = self.cfg
         self.log = RunLogger(self.run_dir, self.rank)
         torch.manual_seed(cfg.seed)
-        self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.sft, cfg.model.lora)
+        self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.sft, scorer=self.vla.chunk_scorer(),
+                           lora=cfg.model.lora)
         self.examples = self.vla.demonstrations(self.episodes)
         if cfg.resume:
             self.load_latest()

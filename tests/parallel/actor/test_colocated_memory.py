@@ -9,6 +9,7 @@ from vla_scale.batches import MicroBatch, MiniBatch, RowIndex, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer
+from vla_scale.models.oft.decode import OFTDecoder, OFTScorer
 from vla_scale.models.vision import Block
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.actor.optimizer_states import OptimizerStates
@@ -48,7 +49,7 @@ def _micro_batches(seed: int):
 def _train(ds: DeepSpeedConfig, offload_between_updates: bool = False) -> tuple[list[dict], str, Actor]:
     init_distributed()
     torch.manual_seed(0)
-    actor = Actor(lambda zero3: build_policy(CFG, TOK, zero3), ds, AlgoConfig(micro_batches=1))
+    actor = Actor(lambda zero3: build_policy(CFG, TOK, zero3), ds, AlgoConfig(micro_batches=1), scorer=OFTScorer())
     stats = []
     for step in range(3):
         actor.reload_states()
@@ -122,7 +123,7 @@ def test_streamed_states_save_and_resume_where_they_were(tmp_path):
     def new_actor() -> Actor:
         init_distributed()
         torch.manual_seed(0)
-        return Actor(lambda zero3: build_policy(CFG, TOK, zero3), ds, AlgoConfig(micro_batches=1))
+        return Actor(lambda zero3: build_policy(CFG, TOK, zero3), ds, AlgoConfig(micro_batches=1), scorer=OFTScorer())
 
     first = new_actor()
     first.update(UpdatePlan((MiniBatch(tuple(_micro_batches(0))),)))
@@ -195,8 +196,8 @@ def test_released_engine_refuses_to_decode_until_a_sync_refills_it():
     init_distributed()
     torch.manual_seed(0)
     actor = Actor(lambda zero3: build_policy(CFG, TOK, zero3), DeepSpeedConfig(zero_stage=3),
-                  AlgoConfig(micro_batches=1))
-    engine = RolloutEngine(build_policy(CFG, TOK))
+                  AlgoConfig(micro_batches=1), scorer=OFTScorer())
+    engine = RolloutEngine(build_policy(CFG, TOK), decoder=OFTDecoder())
     sync_weights(actor.policy, engine, 1, bucket_mb=1)
     before = engine.decode(_batch(0), temperature=1.0, greedy=True)
     engine.release_memory_occupation()

@@ -16,6 +16,7 @@ from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models import Processor, WordTokenizer
+from vla_scale.models.oft.decode import OFTScorer
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import gathered_buckets
 from vla_scale.run_policy import build_policy, spec_from_model_config
@@ -73,7 +74,8 @@ EPISODES = [episode(0, 2, True), episode(1, 3, False), episode(2, 1, True), epis
 def actor(algo: AlgoConfig = PPO, zero_stage: int = 3) -> Actor:
     init_distributed()
     torch.manual_seed(0)
-    return Actor(lambda zero3: build_policy(CFG, TOK, zero3), DeepSpeedConfig(zero_stage=zero_stage), algo)
+    return Actor(lambda zero3: build_policy(CFG, TOK, zero3), DeepSpeedConfig(zero_stage=zero_stage), algo,
+                 scorer=OFTScorer())
 
 
 def checksum(module: torch.nn.Module) -> str:

@@ -67,7 +67,8 @@ SCRIPT = textwrap.dedent("""
     for agg in ("token_mean", "trajectory_mean"):
         trainer.cfg = replace(cfg, algo=replace(cfg.algo, loss_agg=agg))
         torch.manual_seed(0)
-        trainer.actor = Actor(trainer.vla.new_policy, cfg.deepspeed, trainer.cfg.algo, cfg.model.lora)
+        trainer.actor = Actor(trainer.vla.new_policy, cfg.deepspeed, trainer.cfg.algo,
+                              scorer=trainer.vla.chunk_scorer(), lora=cfg.model.lora)
         trainer.update(StepBatch(mine, 0.5, 1, len(mine) * cfg.algo.group_size))
         found[agg] = {k: v.flatten().tolist() for k, v in grads.items()}
     if rank == 0:

@@ -30,7 +30,8 @@ def _setup(head: str, film: bool = False) -> tuple[PretrainedVLA, SupervisedExam
 def _actor(vla: PretrainedVLA, micro_batches: int) -> Actor:
     init_distributed()
     torch.manual_seed(0)
-    return Actor(vla.new_policy, DeepSpeedConfig(zero_stage=3), SftConfig(lr=1e-3, micro_batches=micro_batches))
+    return Actor(vla.new_policy, DeepSpeedConfig(zero_stage=3), SftConfig(lr=1e-3, micro_batches=micro_batches),
+                 scorer=vla.chunk_scorer())
 
 
 @pytest.mark.parametrize("head", ["tokens", "l1"])

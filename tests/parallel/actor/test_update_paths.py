@@ -14,6 +14,7 @@ from vla_scale.batches import MicroBatch, MiniBatch, RowIndex, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import Processor, WordTokenizer
+from vla_scale.models.oft.decode import OFTScorer
 from vla_scale.objectives import clipped_policy_loss, logprob_mismatch, truncated_is_weights
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import gathered_buckets
@@ -57,7 +58,8 @@ def actor(ds: DeepSpeedConfig | None = None, algo: AlgoConfig = ALGO, head: str 
     init_distributed()
     torch.manual_seed(0)
     cfg = replace(CFG, action_head=head)
-    return Actor(lambda zero3: build_policy(cfg, TOK, zero3), ds or DeepSpeedConfig(zero_stage=3), algo)
+    return Actor(lambda zero3: build_policy(cfg, TOK, zero3), ds or DeepSpeedConfig(zero_stage=3), algo,
+                 scorer=OFTScorer())
 
 
 def weights(a: Actor) -> str:

@@ -11,6 +11,7 @@ import torch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import WordTokenizer
+from vla_scale.models.oft.decode import OFTDecoder, OFTScorer
 from vla_scale.run_policy import build_policy
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,
@@ -39,7 +40,7 @@ def _trainer(rank: int, trainer_port: int, update_port: int, out: mp.Queue) -> N
     tok = WordTokenizer.from_instructions(instructions())
     torch.manual_seed(0)
     actor = Actor(lambda zero3: build_policy(CFG, tok, zero3), DeepSpeedConfig(zero_stage=3),
-                  AlgoConfig(micro_batches=1))
+                  AlgoConfig(micro_batches=1), scorer=OFTScorer())
     group = UpdateGroup.connect("127.0.0.1", update_port, 0, 2, timeout_s=120) if rank == 0 else None
     for version in (1, 2):
         report = broadcast_sync(actor.policy, group, version, BUCKET_MB)
@@ -54,7 +55,8 @@ def _trainer(rank: int, trainer_port: int, update_port: int, out: mp.Queue) -> N
     from vla_scale.parallel.sync.weight_sync import sync_weights
     from vla_scale.rollout.engine import RolloutEngine
 
-    own = RolloutEngine(build_policy(CFG, tok))  # the colocated layout too: each rank syncs its own engine
+    # the colocated layout too: each rank syncs its own engine
+    own = RolloutEngine(build_policy(CFG, tok), decoder=OFTDecoder())
     report = sync_weights(actor.policy, own, 7, BUCKET_MB)  # each rank fingerprints half; one checksum of both
     out.put(("colocated", rank, report.checksum, own.checksum()))
     try:
@@ -69,7 +71,7 @@ def _engine(update_port: int, out: mp.Queue) -> None:
     from vla_scale.rollout.engine import RolloutEngine
 
     torch.manual_seed(1)  # different weights from the actor's until the first sync
-    engine = RolloutEngine(build_policy(CFG, WordTokenizer.from_instructions(instructions())))
+    engine = RolloutEngine(build_policy(CFG, WordTokenizer.from_instructions(instructions())), decoder=OFTDecoder())
     out.put(("engine_before", engine.checksum()))
     receiver = WeightReceiver.connect(engine, "127.0.0.1", update_port, rank_offset=1, world_size=2)
     for _ in (1, 2):

@@ -8,6 +8,7 @@ import torch
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.models import WordTokenizer
+from vla_scale.models.oft.decode import OFTDecoder, OFTScorer
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import _end_to_end, gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine
@@ -25,8 +26,8 @@ def actor_and_engine():
     tok = WordTokenizer.from_instructions(instructions())
     torch.manual_seed(0)
     actor = Actor(lambda zero3: build_policy(CFG, tok, zero3), DeepSpeedConfig(zero_stage=3),
-                  AlgoConfig(micro_batches=1))
-    return actor, RolloutEngine(build_policy(CFG, tok))
+                  AlgoConfig(micro_batches=1), scorer=OFTScorer())
+    return actor, RolloutEngine(build_policy(CFG, tok), decoder=OFTDecoder())
 
 
 def test_zero3_shards_are_empty_outside_a_gather(actor_and_engine):
@@ -70,7 +71,7 @@ def test_checksum_detects_any_difference(actor_and_engine):
 def test_sync_raises_when_the_engine_cannot_hold_the_actor_weights(actor_and_engine):
     actor, _ = actor_and_engine
     tok = WordTokenizer.from_instructions(instructions())
-    engine64 = RolloutEngine(build_policy(CFG, tok).double())
+    engine64 = RolloutEngine(build_policy(CFG, tok).double(), decoder=OFTDecoder())
     with pytest.raises(RuntimeError, match="checksum"):
         sync_weights(actor.policy, engine64, version=5, bucket_mb=1)
 
@@ -78,7 +79,7 @@ def test_sync_raises_when_the_engine_cannot_hold_the_actor_weights(actor_and_eng
 def test_an_unverified_sync_still_copies_everything(actor_and_engine):
     actor, _ = actor_and_engine
     torch.manual_seed(7)
-    engine = RolloutEngine(build_policy(CFG, WordTokenizer.from_instructions(instructions())))
+    engine = RolloutEngine(build_policy(CFG, WordTokenizer.from_instructions(instructions())), decoder=OFTDecoder())
     report = sync_weights(actor.policy, engine, version=9, bucket_mb=0.01, verify=False)
     assert report.checksum == "" and engine.version == 9
     full = [(n, t.clone()) for bucket in gathered_buckets(actor.policy, 1) for n, t in bucket]
@@ -127,7 +128,8 @@ class _CorruptingEngine(RolloutEngine):
 
 def test_sync_raises_when_a_copied_bit_differs(actor_and_engine):
     actor, _ = actor_and_engine
-    engine = _CorruptingEngine(build_policy(CFG, WordTokenizer.from_instructions(instructions())))
+    engine = _CorruptingEngine(build_policy(CFG, WordTokenizer.from_instructions(instructions())),
+                               decoder=OFTDecoder())
     with pytest.raises(RuntimeError, match="differ from the actor's gathered weights"):
         sync_weights(actor.policy, engine, version=11, bucket_mb=1)
 

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vla_scale.envs.types import Observation
+from vla_scale.models.interface import DecodingEngine
 from vla_scale.models.pi0.demonstrations import pad_last, resize_with_pad
 from vla_scale.models.pi0.normalize import Pi0Normalizer
 from vla_scale.models.pi0.policy import FlowChain, Pi0Inputs, Pi0Policy, pixels_from_uint8
@@ -158,13 +159,19 @@ class Pi0Decoder:
                                     stochastic=one_stochastic_step(step, steps), mask=mask)
         return chain, step
 
+    @staticmethod
+    def fast_forward(policy: nn.Module, compile: bool, fp8: Any) -> None:
+        """None: π0 decodes with its own `sample_actions` / `sample_chain` (no fast forward, no FP8 products)."""
+        return None
+
     @torch.no_grad()
-    def decode(self, policy: nn.Module, batch: Pi0Inputs, temperature: float, greedy: bool,
-               generator: torch.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    def decode(self, engine: DecodingEngine, batch: Pi0Inputs, temperature: float, greedy: bool
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """(tokens float32[B, chunk*env_action_dim]: the played normalised actions; logprobs float32[B, 1]: the
-        chunk's; actions float64[B, chunk, env_action_dim]; sampled: the chain's record, empty noise-free).
-        `greedy`: noise-free (evaluation), else a Flow-SDE chain (RL)."""
+        chunk's; actions float64[B, chunk, env_action_dim]; sampled: the chain's record, empty noise-free) of the
+        engine's policy. `greedy`: noise-free (evaluation), else a Flow-SDE chain (RL)."""
         del temperature  # the noise level plays its part
+        policy, generator = engine.policy, engine.generator
         assert isinstance(policy, Pi0Policy)
         if greedy:
             normalized_t, logprobs, sampled = self.normalized_actions(policy, batch, generator), None, {}
@@ -188,18 +195,24 @@ class Pi0Scorer:
     def __init__(self, spec: Pi0Spec, env_action_dim: int, actions_per_chunk: int):
         self.spec, self.mask = spec, chunk_mask(spec, env_action_dim, actions_per_chunk)
 
-    def logprobs(self, forward: Callable[..., Any], inputs: Pi0Prepared, sampled: dict[str, Tensor],
-                 device: torch.device, **critic: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-        """(log-probs float32[B, 1], entropy float32[B, 1], the values float32[B] or None) of the recorded chains.
-        `critic` (`detach_backbone=`) is given when `forward` is a policy with a value head, whose values come from
-        the same prefix pass."""
+    def logprobs(self, forward: Callable[..., Any], policy: nn.Module, inputs: Pi0Prepared, tokens: Tensor,
+                 sampled: dict[str, Tensor], device: torch.device, temperature: float, trim: bool, **critic: bool
+                 ) -> tuple[Tensor, Callable[[], Tensor], Tensor | None]:
+        """(log-probs float32[B, 1], how to read the entropy float32[B, 1], the values float32[B] or None) of the
+        recorded chains (the tokens, the played actions, are not what is scored; the noise level stands for the
+        temperature; the prefix is never trimmed). `critic` (`detach_backbone=`) is given when `forward` is a policy
+        with a value head, whose values come from the same prefix pass."""
+        del policy, tokens, temperature, trim
+        if "chain" not in sampled:
+            raise ValueError("the rollout recorded no Flow-SDE chain to score (Decoded.sampled was empty: a "
+                             "noise-free decode)")
         chain, step = sampled["chain"].to(device), sampled["step"].to(device)
         level = sampled["noise_level"].to(device)
         mask = self.mask.to(device)
         out = forward(inputs.on(device), chain=chain, noise_level=level,
                       stochastic=one_stochastic_step(step, chain.shape[1] - 1), mask=mask, **critic)
         steps, values = out if critic else (out, None)
-        return steps.sum(dim=1, keepdim=True), self.entropy(step, level, chain.shape[1] - 1, mask), values
+        return steps.sum(dim=1, keepdim=True), self.entropy(step, level, chain.shape[1] - 1, mask).detach, values
 
     @staticmethod
     def entropy(step: Tensor, level: Tensor, num_steps: int, mask: Tensor) -> Tensor:

@@ -9,13 +9,14 @@ whole model; weight sync and checkpoints gather parameters explicitly (`parallel
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from vla_scale.algo.base import Algorithm
 from vla_scale.algo.registry import make_algorithm
@@ -25,8 +26,6 @@ from vla_scale.models.checkpoint_io import copy_tensors
 from vla_scale.models.critic import PolicyWithValue, ValueHead, read_value_head, value_head_file
 from vla_scale.models.interface import ChunkScorer, SupervisedBatch
 from vla_scale.models.lora import add_adapters
-from vla_scale.models.policy import OFTPolicy, PolicyInputs
-from vla_scale.models.processor import PreparedInputs
 from vla_scale.objectives import clipped_policy_loss, logprob_mismatch, truncated_is_weights
 from vla_scale.parallel.actor.optimizer_states import OptimizerStates, StatesStream, stream_states_through_step
 from vla_scale.parallel.ranks import mean_over_ranks
@@ -145,16 +144,16 @@ class Actor:
     """The trainable policy in DeepSpeed: the RL update of an algorithm (`update`; `algo/base.Algorithm`), the
     supervised step, log-probs."""
 
-    def __init__(self, build: Callable[[bool], OFTPolicy], ds: DeepSpeedConfig, algo: Training,
-                 lora: LoraConfig | None = None, critic_from: str = "", scorer: ChunkScorer | None = None):
+    def __init__(self, build: Callable[[bool], nn.Module], ds: DeepSpeedConfig, algo: Training, *,
+                 scorer: ChunkScorer, lora: LoraConfig | None = None, critic_from: str = ""):
         """`build(zero3_init)` constructs the policy; it is called inside `deepspeed.zero.Init` for ZeRO-3. With
         `lora.rank` > 0 the policy gets adapters and only they train (`models/lora.py`). With RL's settings the actor
         holds the algorithm `algo.name` names (`algorithm`; none for supervised fine-tuning); when it needs values a
         value head (`algo.critic.*`) trains beside the policy (beside the adapters with LoRA), its weights read from
         `critic_from`'s `value_head.safetensors` when that checkpoint folder has one, else fresh (`critic_source`
         says which).
-        `scorer`: the family's way to score its recorded chunks again (`PolicySource.chunk_scorer()`; π0: the
-        Flow-SDE chain's log-prob), None: the policy's head and its `distribution` (OFT)."""
+        `scorer`: the family's way to score its recorded chunks again (`PolicySource.chunk_scorer()`; OFT: the head's
+        distribution of the tokens; π0: the Flow-SDE chain's log-prob)."""
         import deepspeed  # seconds to import: only when an actor is built, after every check of the run
         from deepspeed.utils import set_z3_leaf_modules
 
@@ -193,7 +192,7 @@ class Actor:
         self.configure(ds, algo)
 
     @staticmethod
-    def _value_head(policy: OFTPolicy, algo: AlgoConfig) -> ValueHead:
+    def _value_head(policy: nn.Module, algo: AlgoConfig) -> ValueHead:
         """A fresh value head on `policy`'s backbone (DeepSpeed gives it the engine's dtype, as the policy's)."""
         return ValueHead(policy.value_width, algo.critic.width, algo.critic.position)
 
@@ -250,7 +249,7 @@ class Actor:
         self.policy.recompute_layers(count)
 
     @property
-    def policy(self) -> OFTPolicy:
+    def policy(self) -> nn.Module:
         """The policy alone (what weight sync, checkpoints' policy folders and the rollout engine see)."""
         return self.engine.module.policy if self.has_value_head else self.engine.module
 
@@ -313,17 +312,21 @@ class Actor:
             proximal.values.append(values)
         return proximal
 
+    def _scored(self, inputs: Any, tokens: torch.Tensor, sampled: Mapping[str, torch.Tensor],
+                detach_backbone: bool = False) -> tuple[torch.Tensor, Callable[[], torch.Tensor], torch.Tensor | None]:
+        """The family's scorer on one forward of the engine (`ChunkScorer.logprobs`): the recorded samples' log-probs
+        at the sampling temperature, how to read their entropy and, with a value head, the values
+        (`detach_backbone`: the value loss stops at the head)."""
+        critic = {"detach_backbone": detach_backbone} if self.has_value_head else {}
+        return self.scorer.logprobs(self.engine, self.policy, inputs, tokens, dict(sampled), self.device,
+                                    self.algo.temperature, self.trim, **critic)
+
     @torch.no_grad()
     def _logprobs_and_values(self, micro: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The actor's log-probs of the micro-batch's tokens and the critic's values of its rows, float32 on the
-        host, from one forward (the family's scorer's, else the head's)."""
-        if self.scorer is not None:
-            logprobs, _, values = self.scorer.logprobs(self.engine, micro.inputs, _sampled(micro), self.device,
-                                                       detach_backbone=False)
-            assert values is not None
-            return logprobs.float().cpu(), values.float().cpu()
-        params, values = self.engine(micro.inputs, device=self.device, trim=self.trim)
-        logprobs = self.policy.distribution.logprobs(params, micro.tokens.to(self.device), self.algo.temperature)
+        host, from one forward."""
+        logprobs, _, values = self._scored(micro.inputs, micro.tokens, micro.sampled)
+        assert values is not None
         return logprobs.float().cpu(), values.float().cpu()
 
     def _policy_lr(self, lr: float) -> None:
@@ -403,32 +406,15 @@ class Actor:
                         ) -> tuple[torch.Tensor, Callable[[], torch.Tensor], torch.Tensor | None]:
         """The update forward's log-probs of the micro-batch's recorded samples (with gradients), how to read their
         entropy (no gradient; after the step) and, with a value head, the values (`detach_backbone`: the value loss
-        stops at the head): the family's scorer, else the head's distribution over the tokens."""
-        if self.scorer is not None:
-            critic = {"detach_backbone": detach_backbone} if self.has_value_head else {}
-            logprobs, entropy, values = self.scorer.logprobs(self.engine, micro.inputs, _sampled(micro), self.device,
-                                                             **critic)
-            return logprobs, entropy.detach, values
-        logits, values = self._train_forward(micro, detach_backbone)  # the head's distribution parameters; values
-        logprobs = self.policy.distribution.logprobs(logits, micro.tokens.to(self.device), self.algo.temperature)
-        return logprobs, lambda: self.policy.distribution.entropy(logits.detach(), self.algo.temperature), values
+        stops at the head)."""
+        return self._scored(micro.inputs, micro.tokens, micro.sampled, detach_backbone)
 
     @torch.no_grad()
     def _old_logprobs(self, micro: MicroBatch) -> torch.Tensor:
         """The actor's log-probs of the micro-batch's recorded samples before the update (no gradient), float32 on
-        the CPU: the family's scorer, else `logprobs` of the tokens."""
-        if self.scorer is None:
-            return self.logprobs(micro.inputs, micro.tokens)
-        critic = {"detach_backbone": False} if self.has_value_head else {}
-        logprobs, _, _ = self.scorer.logprobs(self.engine, micro.inputs, _sampled(micro), self.device, **critic)
+        the CPU."""
+        logprobs, _, _ = self._scored(micro.inputs, micro.tokens, micro.sampled)
         return logprobs.float().cpu()
-
-    def _train_forward(self, micro: MicroBatch, detach_backbone: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The update forward: the head's distribution parameters and, with a value head, the values (the backbone
-        detached for them with `detach_backbone`)."""
-        if not self.has_value_head:
-            return self.engine(micro.inputs, device=self.device, trim=self.trim), None
-        return self.engine(micro.inputs, device=self.device, trim=self.trim, detach_backbone=detach_backbone)
 
     def supervised_update(self, micro_batches: Sequence[SupervisedBatch]) -> dict[str, float]:
         """One optimizer step of supervised fine-tuning over `micro_batches`, accumulated: each micro-batch's loss (its
@@ -450,13 +436,12 @@ class Actor:
         return stats
 
     @torch.no_grad()
-    def logprobs(self, inputs: PolicyInputs | PreparedInputs, tokens: torch.Tensor) -> torch.Tensor:
-        """The actor's log-probs of `tokens` at the sampling temperature (no gradient), float32 on the CPU: the old
-        log-probs of `algo.old_logprobs=recompute`. Every rank must call it equally often (ZeRO-3 gathers)."""
-        logits = self.engine(inputs, device=self.device, trim=self.trim)
-        if self.has_value_head:
-            logits = logits[0]
-        logprobs = self.policy.distribution.logprobs(logits, tokens.to(self.device), self.algo.temperature)
+    def logprobs(self, inputs: Any, tokens: torch.Tensor, sampled: Mapping[str, torch.Tensor] | None = None
+                 ) -> torch.Tensor:
+        """The actor's log-probs of recorded `tokens` (and the family's record `sampled`) at the sampling
+        temperature (no gradient), float32 on the CPU: the old log-probs of `algo.old_logprobs=recompute`. Every rank
+        must call it equally often (ZeRO-3 gathers)."""
+        logprobs, _, _ = self._scored(inputs, tokens, sampled or {})
         return logprobs.float().cpu()
 
     def offload_states(self) -> None:
@@ -492,9 +477,3 @@ class Actor:
             self._state_holder.offload()  # the loaded states, wherever the load put them, into the host buffers
         return client_state
 
-
-def _sampled(micro: MicroBatch) -> dict[str, torch.Tensor]:
-    """The family's record of the micro-batch's samples, which a scorer needs."""
-    if micro.sampled is None:
-        raise ValueError("the rollout recorded no samples for the family's scorer (Decoded.sampled was empty)")
-    return micro.sampled

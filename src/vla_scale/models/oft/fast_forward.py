@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vla_scale.models.fp8 import Fp8Llama, Fp8Matrix, Fp8Vit, Fp8Weights, fp8_linear, quantise_rows, scaled_mm
-from vla_scale.models.policy import OFTPolicy
+from vla_scale.models.oft.policy import OFTPolicy
 from vla_scale.models.vision import ViT, film, quick_gelu
 from vla_scale.tensors.spans import span
 

@@ -1,0 +1,65 @@
+"""A policy family is its folder (`models/oft/`, `models/pi0/`): the rollout engine, the actor, the batches, the env
+loop and the trainer reach it through `PolicySource` (its decoder and its scorer) and hold no default that stands for
+one family."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from vla_scale.batches import logprob_mask
+from vla_scale.config import ModelConfig
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "vla_scale"
+SHARED = ["rollout/engine.py", "rollout/env_loop.py", "rollout/stack.py", "parallel/actor/zero3.py", "batches.py",
+          "trainer.py", "run_setup.py", "algo/base.py", "algo/ppo.py"]
+FAMILY_NAMES = {"OFTPolicy", "PretrainedVLA", "Pi0Policy", "Pi0Source", "OFTDecoder", "OFTScorer", "Pi0Decoder",
+                "Pi0Scorer"}
+
+
+def _family_references(path: Path) -> list[str]:
+    """Names of one family's classes, and `decoder` / `scorer` compared with None, in `path`'s code."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        named = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        if named in FAMILY_NAMES:
+            found.append(f"{path.name}:{node.lineno}: {named}")
+        if isinstance(node, ast.ImportFrom):
+            found += [f"{path.name}:{node.lineno}: import {a.name}" for a in node.names if a.name in FAMILY_NAMES]
+        if isinstance(node, ast.Compare) and any(isinstance(op, ast.Is | ast.IsNot) for op in node.ops):
+            left = ast.unparse(node.left)
+            if left.endswith(("decoder", "scorer")) and ast.unparse(node.comparators[0]) == "None":
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize("module", SHARED)
+def test_shared_code_names_no_family(module: str) -> None:
+    assert _family_references(SRC / module) == []
+
+
+def test_each_family_hands_out_its_decoder_and_scorer() -> None:
+    from vla_scale.models.oft.decode import OFTDecoder, OFTScorer
+    from vla_scale.models.pi0.rollout import Pi0Decoder, Pi0Scorer
+
+    for decoder in (OFTDecoder, Pi0Decoder):
+        assert callable(decoder.decode) and callable(decoder.fast_forward)
+    for scorer in (OFTScorer, Pi0Scorer):
+        assert callable(scorer.logprobs)
+    assert (SRC / "models" / "oft" / "policy.py").exists() and not (SRC / "models" / "policy.py").exists()
+    assert (SRC / "models" / "oft" / "fast_forward.py").exists() and not (SRC / "rollout" / "fast_forward.py").exists()
+
+
+def test_a_log_prob_counts_when_the_first_action_it_covers_ran() -> None:
+    """One rule for every width of record: per action token (OFT), per action, per chunk (π0)."""
+    model = ModelConfig(chunk_len=4, action_dim=2)
+    executed = torch.tensor([0, 1, 4])
+    per_token = logprob_mask(executed, 8, model)
+    assert per_token.tolist() == [[False] * 8, [True] * 2 + [False] * 6, [True] * 8]
+    assert logprob_mask(executed, 4, model).tolist() == [[False] * 4, [True, False, False, False], [True] * 4]
+    assert logprob_mask(executed, 1, model).tolist() == [[False], [True], [True]]
+    with pytest.raises(ValueError, match="does not divide"):
+        logprob_mask(executed, 3, model)
