@@ -5,6 +5,7 @@ one family."""
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,23 @@ def test_a_log_prob_counts_when_the_first_action_it_covers_ran() -> None:
     assert logprob_mask(executed, 1, model).tolist() == [[False], [True], [True]]
     with pytest.raises(ValueError, match="does not divide"):
         logprob_mask(executed, 3, model)
+
+
+@pytest.mark.parametrize("family", ["oft", "pi0"])
+def test_every_family_is_registered_with_its_folder_and_a_model_config(family: str) -> None:
+    from vla_scale.models.interface import POLICY_FAMILIES
+    from vla_scale.run_policy import FAMILIES
+
+    assert set(POLICY_FAMILIES) == set(FAMILIES) == {"oft", "pi0"}
+    from vla_scale.models.pi0.source import Pi0Source
+    from vla_scale.models.pretrained import PretrainedVLA
+
+    source = {"oft": PretrainedVLA, "pi0": Pi0Source}[family]
+    for member in (source.chunk_decoder, source.chunk_scorer):  # the family's own, from its folder
+        assert f"from vla_scale.models.{family}." in inspect.getsource(member), member
+    configs = SRC.parents[1] / "configs" / "model"
+    assert any(f"family: {family}" in p.read_text() or (family == "oft" and "family:" not in p.read_text())
+               for p in configs.glob("*.yaml"))
+    page = (SRC.parents[1] / "docs" / "ARCHITECTURE.md").read_text()
+    section = page.split("### Adding a family", 1)[1].split("\n### ", 1)[0]
+    assert f"`models/{family}/`" in section
