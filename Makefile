@@ -19,8 +19,11 @@ export PYTHONUNBUFFERED := 1
 $(PY):
 	python3 -m venv $(VENV)
 
+# openpi's client package is a test reference (its image_tools is what openpi resizes π0's frames with); it installs
+# without its declared dependencies (websockets, dm-tree, numpy<2), which image_tools does not import.
 $(STAMP): $(PY) setup.py constraints.txt
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt --no-deps openpi-client
 	touch $(STAMP)
 
 install: $(STAMP)

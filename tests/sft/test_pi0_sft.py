@@ -182,3 +182,33 @@ def test_a_steps_noise_and_times_come_from_the_seeded_generator():
     assert np.array_equal(a.noise, b.noise) and np.array_equal(a.time, b.time) and a.noise.shape == (1000, 4, 8)
     assert a.time.min() >= TIME_FLOOR and a.time.max() <= 1.0
     assert abs(a.time.mean() - (TIME_FLOOR + (1 - TIME_FLOOR) * 0.6)) < 0.03  # Beta(1.5, 1) has mean 0.6
+
+
+def test_openpis_augmentation_is_pi0s_default_drawn_once_a_step_whatever_the_split(dataset):
+    """auto augments π0's images as openpi does (one draw a step, so micro-batches and ranks see the same images as
+    one batch would), none leaves them as the demonstrations hold them; OFT refuses openpi's before the dataset is
+    read."""
+    import torch
+
+    from vla_scale.models.pi0.policy import pixels_from_uint8
+    from vla_scale.run_policy import vla_for_env
+
+    cfg = _config(f"sft.dataset={dataset}")
+    source = vla_for_env(cfg.model, cfg.env).with_demonstrations("pick_place", _episodes())
+    plain, augmented = (source.demonstrations(_episodes(), mode) for mode in ("none", "auto"))
+    draw, plain_draw = augmented.draw(np.random.default_rng(3), 4), plain.draw(np.random.default_rng(3), 4)
+    assert draw.augment is not None and plain_draw.augment is None
+    assert np.array_equal(draw.index, plain_draw.index) and np.array_equal(draw.noise, plain_draw.noise)
+    whole = augmented.batch(draw, np.arange(4)).inputs.images
+    halves = torch.cat([augmented.batch(draw, np.arange(s, s + 2)).inputs.images for s in (0, 2)])
+    assert torch.equal(whole, halves)
+    as_held = pixels_from_uint8(torch.from_numpy(plain.images[draw.index]))
+    assert torch.equal(plain.batch(plain_draw, np.arange(4)).inputs.images, as_held)
+    assert float((whole - as_held).abs().max()) > 0.1
+    with pytest.raises(ValueError, match="sft.image_augmentation"):
+        source.demonstrations(_episodes(), "flip")
+
+    oft = _config(f"sft.dataset={dataset.parent / 'not_read'}", "model=tiny_pick_place",
+                  "sft.image_augmentation=openpi")
+    with pytest.raises(ConfigError, match="image_augmentation=openpi: this policy's fine-tuning takes auto or none"):
+        SupervisedTrainer(oft, str(dataset.parent / "oft_run"))

@@ -41,6 +41,7 @@ def choices() -> dict[str, tuple[Any, ...]]:
         "env.eval_protocol": ("held_out", "published"),
         "model.image_resize": IMAGE_RESIZES,
         "model.family": POLICY_FAMILIES,
+        "sft.image_augmentation": ("auto", "none", "openpi"),
         "model.pi0.preset": tuple(PI0_PRESETS),
         "model.pi0.normalization": ("", *PI0_NORMALIZATIONS),
         "deepspeed.zero_stage": (0, 1, 2, 3),

@@ -412,6 +412,11 @@ class SftConfig:
     """The dataset feature holding the proprio state the env gives."""
     action_key: str = "action"
     """The dataset feature holding the actions the env took."""
+    image_augmentation: str = "auto"
+    """Random image augmentation of each training batch: openpi (π0's training augmentation as openpi's PyTorch model
+    applies it: a 95 % crop and a turn of up to 5 degrees of the primary camera, brightness, contrast and saturation
+    of every camera; `models/pi0/augment.py`), none, or auto (the family's default: openpi for π0 and π0.5, as
+    there; none for OpenVLA-OFT, which openpi's is not)."""
     first_steps: int = 0
     """Train on the first this many env steps of each demonstration only (0: all of them). Where an instruction
     decides the first moves (which object to go for) and the rest follows from where the gripper is, a first stage

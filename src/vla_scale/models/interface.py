@@ -171,6 +171,7 @@ class PolicySource(Protocol):
     """A policy and what must agree with it, as the trainers and the entry scripts use it."""
 
     family: str  # one of POLICY_FAMILIES: what `model.family` the run logs
+    augmentations: tuple[str, ...]  # the `sft.image_augmentation` values its fine-tuning takes besides auto
     source: str
     weights: str
 
@@ -235,7 +236,10 @@ class PolicySource(Protocol):
 
     def with_demonstrations(self, key: str, episodes: Sequence[Episode]) -> PolicySource: ...
 
-    def demonstrations(self, episodes: Sequence[Episode]) -> Demonstrations: ...
+    def demonstrations(self, episodes: Sequence[Episode], augmentation: str = "auto") -> Demonstrations:
+        """The examples of `episodes`, prepared once; `augmentation` (`sft.image_augmentation`): auto (the family's
+        default), none or openpi (π0's training augmentation); a family refuses one it cannot apply."""
+        ...
 
     def new_policy(self, zero3_init: bool = False) -> nn.Module: ...
 

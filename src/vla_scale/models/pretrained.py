@@ -79,6 +79,9 @@ class Prediction:
 class PretrainedVLA:
     """Policy, tokenizer, processor and action post-processing from one source (module docstring)."""
 
+    augmentations = ("none",)
+    """`sft.image_augmentation` values besides auto: OFT's fine-tuning here augments no image."""
+
     family = "oft"
 
     def __init__(self, spec: OFTSpec, tokenizer: TextTokenizer, processor: Processor, env: str, source: str,
@@ -231,8 +234,12 @@ class PretrainedVLA:
         return self.with_statistics(key, dataset_statistics([e.actions for e in episodes],
                                                             [e.state for e in episodes]))
 
-    def demonstrations(self, episodes: Sequence[Episode]) -> OFTDemonstrations:
-        """The examples of `episodes` (`models/demonstrations.py`), images prepared once."""
+    def demonstrations(self, episodes: Sequence[Episode], augmentation: str = "auto") -> OFTDemonstrations:
+        """The examples of `episodes` (`models/demonstrations.py`), images prepared once; no augmentation (auto and
+        none; openpi's is π0's, refused)."""
+        if augmentation not in ("auto", "none"):
+            raise ValueError(f"sft.image_augmentation={augmentation}: OpenVLA-OFT's fine-tuning here augments no "
+                             "image; set sft.image_augmentation=none (or auto)")
         spec = self.spec
         examples = SupervisedExamples.build(episodes, self.processor, self.processor.stats, spec.chunk_len,
                                             spec.action_head, spec.n_bins)

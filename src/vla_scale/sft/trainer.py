@@ -87,6 +87,9 @@ class SupervisedTrainer:
         if problems:
             raise ConfigError("cannot fine-tune:\n  - " + "\n  - ".join(problems))
         vla = vla if vla is not None else vla_for_env(cfg.model, cfg.env, explicit)
+        if cfg.sft.image_augmentation not in ("auto", *vla.augmentations):
+            raise ConfigError(f"sft.image_augmentation={cfg.sft.image_augmentation}: this policy's fine-tuning "
+                              f"takes {' or '.join(('auto', *vla.augmentations))}")
         self.episodes = load_demonstrations(cfg, vla)
         self.vla = vla.with_demonstrations(cfg.env.suite, self.episodes)
         self.cfg = cfg = resolved_config(cfg, self.vla)
@@ -120,7 +123,7 @@ class SupervisedTrainer:
         torch.manual_seed(cfg.seed)
         self.actor = Actor(self.vla.new_policy, cfg.deepspeed, cfg.sft, scorer=self.vla.chunk_scorer(),
                            lora=cfg.model.lora)
-        self.examples = self.vla.demonstrations(self.episodes)
+        self.examples = self.vla.demonstrations(self.episodes, cfg.sft.image_augmentation)
         if cfg.resume:
             self.load_latest()
         self.stop.install()

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from vla_scale.datasets.episodes import Episode
 from vla_scale.models.interface import chunk_index, draw_batches
+from vla_scale.models.pi0.augment import AugmentDraw, augment, draw_augmentation
 from vla_scale.models.pi0.normalize import Pi0Normalizer
 from vla_scale.models.pi0.policy import Pi0Inputs, pixels_from_uint8
 from vla_scale.models.pi0.spec import Pi0Spec
@@ -63,11 +64,14 @@ def pad_last(values: np.ndarray, size: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class FlowDraw:
-    """One optimizer step's randomness: example indices [B], noise float32[B, H, D], flow times float32[B]."""
+    """One optimizer step's randomness: example indices [B], noise float32[B, H, D], flow times float32[B] and,
+    with augmentation, the step's image augmentation (one for every example of the step, as openpi draws one per
+    batch)."""
 
     index: np.ndarray
     noise: np.ndarray
     time: np.ndarray
+    augment: AugmentDraw | None = None
 
 
 @dataclass(frozen=True)
@@ -107,14 +111,15 @@ class Pi0Demonstrations:
     state: np.ndarray  # float32 [N, D]
     actions: np.ndarray  # float32 [N, H, D]
     valid: np.ndarray  # float32 [N, H, D]
+    augment: bool = False  # each step's images augmented as openpi trains π0 (`models/pi0/augment.py`)
 
     @classmethod
     def build(cls, episodes: Sequence[Episode], spec: Pi0Spec, cameras: Sequence[str],
-              normalizer: Pi0Normalizer, tokenizer: PaliGemmaTokenizer) -> Pi0Demonstrations:
+              normalizer: Pi0Normalizer, tokenizer: PaliGemmaTokenizer, augment: bool = False) -> Pi0Demonstrations:
         parts = [_episode_arrays(e, spec, cameras, normalizer, tokenizer) for e in episodes]
         joined = [np.concatenate([p[i] for p in parts]) for i in range(6)]
         masks = np.arange(spec.num_images) < len(cameras)
-        return cls(joined[0], masks, *joined[1:])
+        return cls(joined[0], masks, *joined[1:], augment=augment)
 
     def __len__(self) -> int:
         return len(self.state)
@@ -123,13 +128,15 @@ class Pi0Demonstrations:
         index = draw_batches(generator, len(self), batch_size)
         noise = generator.standard_normal((batch_size, *self.actions.shape[1:]))
         time = generator.beta(*TIME_BETA, size=batch_size) * (1 - TIME_FLOOR) + TIME_FLOOR
-        return FlowDraw(index, noise.astype(np.float32), time.astype(np.float32))
+        augment = draw_augmentation(generator, self.images.shape[1], self.images.shape[2]) if self.augment else None
+        return FlowDraw(index, noise.astype(np.float32), time.astype(np.float32), augment)
 
     def batch(self, draw: FlowDraw, positions: np.ndarray, device: torch.device | str = "cpu") -> FlowBatch:
         i = draw.index[positions]
         batch = len(i)
+        images = pixels_from_uint8(torch.from_numpy(self.images[i]).to(device))
         inputs = Pi0Inputs(
-            images=pixels_from_uint8(torch.from_numpy(self.images[i]).to(device)),
+            images=images if draw.augment is None else augment(images, draw.augment),
             image_masks=torch.from_numpy(self.image_masks).to(device)[None].expand(batch, -1),
             tokens=torch.from_numpy(self.tokens[i]).to(device),
             token_masks=torch.from_numpy(self.token_masks[i]).to(device),

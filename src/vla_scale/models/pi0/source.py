@@ -37,6 +37,9 @@ if TYPE_CHECKING:  # the model imports transformers' SigLIP: checking a policy a
 class Pi0Source:
     """A π0 / π0.5 policy's spec, tokenizer, cameras and norm stats (module docstring)."""
 
+    augmentations = ("none", "openpi")
+    """`sft.image_augmentation` values besides auto (auto is openpi, as openpi trains π0)."""
+
     family = "pi0"
 
     def __init__(self, spec: Pi0Spec, tokenizer: PaliGemmaTokenizer, env: str, source: str,
@@ -224,13 +227,18 @@ class Pi0Source:
         source.noise_level = self.noise_level
         return source
 
-    def demonstrations(self, episodes: Sequence[Episode]) -> Pi0Demonstrations:
+    def demonstrations(self, episodes: Sequence[Episode], augmentation: str = "auto") -> Pi0Demonstrations:
+        """The examples of `episodes`, prepared once; with `augmentation` auto or openpi each training batch's images
+        are augmented as openpi trains π0 (`models/pi0/augment.py`)."""
         from vla_scale.models.pi0.demonstrations import Pi0Demonstrations
 
         if self.norm_stats is None:
             raise ValueError("no norm stats to normalise the demonstrations with: with_demonstrations first")
         normalizer = Pi0Normalizer(self.norm_stats, self.spec.resolved_normalization)
-        return Pi0Demonstrations.build(episodes, self.spec, self.cameras, normalizer, self.tokenizer)
+        if augmentation not in ("auto", "none", "openpi"):
+            raise ValueError(f"sft.image_augmentation={augmentation}: choose auto, none or openpi")
+        return Pi0Demonstrations.build(episodes, self.spec, self.cameras, normalizer, self.tokenizer,
+                                       augment=augmentation != "none")
 
     # ---- weights ---------------------------------------------------------------------------------------------------
     def new_policy(self, zero3_init: bool = False) -> Pi0Policy:
