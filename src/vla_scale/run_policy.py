@@ -254,7 +254,8 @@ def pi0_spec_from_model_config(model: ModelConfig) -> Pi0Spec:
     p = model.pi0
     overrides = {k: v for k, v in (("action_horizon", p.action_horizon), ("action_dim", p.action_dim),
                                    ("max_token_len", p.max_token_len), ("num_steps", p.num_steps),
-                                   ("normalization", p.normalization)) if v}
+                                   ("normalization", p.normalization), ("norm_convention", p.norm_convention))
+                 if v}
     spec = replace(PI0_PRESETS[p.preset](), **overrides)
     vision = {k: v for k, v in (("image_size", p.image_size), ("patch_size", p.patch_size)) if v}
     spec = replace(spec, vision=replace(spec.vision, **vision)) if vision else spec
@@ -304,8 +305,9 @@ def pi0_checkpoint_source(model: ModelConfig, env: EnvConfig, explicit: Collecti
         source = Pi0Source.from_folder(step_folder(model.checkpoint), env.name, model.pi0.tokenizer)
     except (OSError, ValueError) as err:
         raise ConfigError(f"model.checkpoint={model.checkpoint!r}: {err}") from err
-    if model.pi0.num_steps:
-        source.spec = replace(source.spec, num_steps=model.pi0.num_steps)
+    for key in ("num_steps", "norm_convention"):  # how the folder's policy samples and normalises, not its shapes
+        if getattr(model.pi0, key):
+            source.spec = replace(source.spec, **{key: getattr(model.pi0, key)})
     source.noise_level = model.pi0.noise_level
     env_problems = source.check_env(env)
     if env_problems:

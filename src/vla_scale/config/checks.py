@@ -29,6 +29,7 @@ def choices() -> dict[str, tuple[Any, ...]]:
     from vla_scale.models.critic import CRITIC_POSITIONS
     from vla_scale.models.fp8 import PRECISIONS
     from vla_scale.models.interface import POLICY_FAMILIES
+    from vla_scale.models.pi0.spec import NORM_CONVENTIONS as PI0_NORM_CONVENTIONS
     from vla_scale.models.pi0.spec import NORMALIZATIONS as PI0_NORMALIZATIONS
     from vla_scale.models.pi0.spec import PRESETS as PI0_PRESETS
     from vla_scale.models.spec import ACTION_HEADS, ATTENTION_MODES, IMAGE_RESIZES
@@ -44,6 +45,7 @@ def choices() -> dict[str, tuple[Any, ...]]:
         "sft.image_augmentation": ("auto", "none", "openpi"),
         "model.pi0.preset": tuple(PI0_PRESETS),
         "model.pi0.normalization": ("", *PI0_NORMALIZATIONS),
+        "model.pi0.norm_convention": ("", *PI0_NORM_CONVENTIONS),
         "deepspeed.zero_stage": (0, 1, 2, 3),
         "rollout.precision": PRECISIONS,
         "record.episodes": ("all", "successes"),

@@ -61,6 +61,10 @@ class Pi0ModelConfig:
     normalization: str = ""
     """How states and actions are normalised: zscore, quantile or '' (the family's: z-score for π0, quantiles for
     π0.5)."""
+    norm_convention: str = ""
+    """Whose edge rules the normalisation follows: openpi (1e-6 added to every divisor and multiplied back),
+    lerobot (LeRobot's processor: 1e-8 added to the std, to q99 - q01 only where it is 0, float32) or '' (the
+    checkpoint's: lerobot for a LeRobot-layout folder, openpi otherwise)."""
     noise_level: float = 0.5
     """RL's Flow-SDE noise level a (objectives/flow_sde.py): the rollout of launch/train.py makes one denoising step per
     chunk, drawn at random, a Gaussian transition of std a * sqrt(t / (1 - t)) * sqrt(|dt|) (πRL's mixed ODE-SDE

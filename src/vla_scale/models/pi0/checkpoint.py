@@ -33,8 +33,9 @@ must agree with it.
 
 Statistics are returned as openpi names them (`state`, `actions`). LeRobot's own normaliser differs from openpi's in
 its epsilon (1e-8 where openpi adds 1e-6 to the divisor, and none to q99 - q01 unless it is 0); the statistics are
-the same either way. We write LeRobot's statistics as float64 (LeRobot reads any float) so that the round trip is
-exact.
+the same either way, and a LeRobot folder's spec says `norm_convention="lerobot"` so that its policy normalises as
+LeRobot does (models/pi0/normalize.py; `model.pi0.norm_convention` chooses otherwise). We write LeRobot's
+statistics as float64 (LeRobot reads any float) so that the round trip is exact.
 """
 
 from __future__ import annotations
@@ -191,7 +192,7 @@ def _lerobot_spec(folder: Path, config: dict[str, Any], side: dict[str, Any] | N
     if not 1 <= steps <= spec.action_horizon:
         raise CheckpointFolderError(f"{folder}/{CONFIG}: n_action_steps={steps} must be between 1 and chunk_size="
                                     f"{spec.action_horizon}")
-    return spec, steps
+    return replace(spec, norm_convention=spec.norm_convention or "lerobot"), steps
 
 
 def _openpi_stats(folder: Path, asset_id: str | None) -> tuple[dict[str, NormStats], str]:

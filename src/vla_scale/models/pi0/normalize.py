@@ -12,6 +12,12 @@ are openpi's to the operation, including its edge rules, so a round trip gives i
 - 1e-6 is added to every divisor (std, q99 - q01), and multiplied back the same way.
 
 The statistics stay float64 arrays as JSON gives them and numpy's type promotion applies, as in openpi.
+
+LeRobot's π0 / π0.5 (its `NormalizerProcessorStep`, 0.4.4) normalise with the same statistics by other edge rules,
+the convention `lerobot` (what a LeRobot-layout folder is read with unless `model.pi0.norm_convention` says):
+z-scores divide by std + 1e-8 and multiply back by std alone; quantiles divide by q99 - q01, 1e-8 only where that
+is 0, and multiply back by the same; everything in float32, the dtype LeRobot's tensors and statistics meet in,
+each formula in LeRobot's order of operations, so the results are LeRobot's bit for bit.
 """
 
 from __future__ import annotations
@@ -23,10 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from vla_scale.models.pi0.spec import NORMALIZATIONS
+from vla_scale.models.pi0.spec import NORM_CONVENTIONS, NORMALIZATIONS
 
 EPS = 1e-6
 """Added to every divisor, openpi's."""
+LEROBOT_EPS = np.float32(1e-8)
+"""LeRobot's: added to the std when normalising, replacing a q99 - q01 of 0."""
 
 
 @dataclass(frozen=True)
@@ -67,15 +75,18 @@ def read_norm_stats(path: str | Path) -> dict[str, NormStats]:
 class Pi0Normalizer:
     """Normalise and un-normalise the keys of `stats` by z-scores or quantiles (module docstring)."""
 
-    def __init__(self, stats: dict[str, NormStats], mode: str):
+    def __init__(self, stats: dict[str, NormStats], mode: str, convention: str = "openpi"):
         if mode not in NORMALIZATIONS:
             raise ValueError(f"normalization {mode!r}: choose one of {NORMALIZATIONS}")
+        if convention not in NORM_CONVENTIONS:
+            raise ValueError(f"norm convention {convention!r}: choose one of {NORM_CONVENTIONS}")
         if mode == "quantile":
             lacking = sorted(k for k, s in stats.items() if s.q01 is None or s.q99 is None)
             if lacking:
                 raise ValueError(f"quantile normalisation needs q01 and q99; {lacking} lack them")
         self.stats = stats
         self.mode = mode
+        self.convention = convention
 
     def _of(self, key: str) -> NormStats:
         if key not in self.stats:
@@ -84,6 +95,8 @@ class Pi0Normalizer:
 
     def normalize(self, key: str, x: np.ndarray) -> np.ndarray:
         s, dim = self._of(key), x.shape[-1]
+        if self.convention == "lerobot":
+            return self._lerobot(s, np.asarray(x, dtype=np.float32), inverse=False)
         if self.mode == "zscore":
             return (x - s.mean[..., :dim]) / (s.std[..., :dim] + EPS)
         q01, q99 = s.q01[..., :dim], s.q99[..., :dim]  # type: ignore[index]
@@ -91,6 +104,12 @@ class Pi0Normalizer:
 
     def unnormalize(self, key: str, x: np.ndarray) -> np.ndarray:
         s, dim = self._of(key), x.shape[-1]
+        if self.convention == "lerobot":
+            x = np.asarray(x, dtype=np.float32)
+            known = s.mean.shape[-1]
+            if known < dim:  # the padding past the robot's size stays as it is, as LeRobot cuts it off
+                return np.concatenate([self._lerobot(s, x[..., :known], inverse=True), x[..., known:]], axis=-1)
+            return self._lerobot(s, x, inverse=True)
         if self.mode == "zscore":
             mean, std = _pad(s.mean, dim, 0.0), _pad(s.std, dim, 1.0)
             return x * (std + EPS) + mean
@@ -101,6 +120,21 @@ class Pi0Normalizer:
             head = (x[..., :known] + 1.0) / 2.0 * (q99 - q01 + EPS) + q01
             return np.concatenate([head, x[..., known:]], axis=-1)
         return (x + 1.0) / 2.0 * (q99 - q01 + EPS) + q01
+
+
+    def _lerobot(self, s: NormStats, x: np.ndarray, inverse: bool) -> np.ndarray:
+        """LeRobot's rules (module docstring) on float32 `x` no wider than the statistics."""
+        dim = x.shape[-1]
+        if self.mode == "zscore":
+            mean, std = s.mean[..., :dim].astype(np.float32), s.std[..., :dim].astype(np.float32)
+            return x * std + mean if inverse else (x - mean) / (std + LEROBOT_EPS)
+        assert s.q01 is not None and s.q99 is not None
+        q01, q99 = s.q01[..., :dim].astype(np.float32), s.q99[..., :dim].astype(np.float32)
+        denom = q99 - q01
+        denom = np.where(denom == 0, LEROBOT_EPS, denom)
+        if inverse:
+            return (x + np.float32(1.0)) * denom / np.float32(2.0) + q01
+        return np.float32(2.0) * (x - q01) / denom - np.float32(1.0)
 
 
 def _pad(values: np.ndarray, dim: int, fill: float) -> np.ndarray:

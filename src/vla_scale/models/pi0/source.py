@@ -139,7 +139,7 @@ class Pi0Source:
         """The norm stats' normaliser (None without norm stats: states and actions as they are)."""
         if self.norm_stats is None:
             return None
-        return Pi0Normalizer(self.norm_stats, self.spec.resolved_normalization)
+        return Pi0Normalizer(self.norm_stats, self.spec.resolved_normalization, self.spec.resolved_norm_convention)
 
     @property
     def processor(self) -> Pi0Processor:
@@ -234,7 +234,8 @@ class Pi0Source:
 
         if self.norm_stats is None:
             raise ValueError("no norm stats to normalise the demonstrations with: with_demonstrations first")
-        normalizer = Pi0Normalizer(self.norm_stats, self.spec.resolved_normalization)
+        normalizer = self.normalizer()
+        assert normalizer is not None
         if augmentation not in ("auto", "none", "openpi"):
             raise ValueError(f"sft.image_augmentation={augmentation}: choose auto, none or openpi")
         return Pi0Demonstrations.build(episodes, self.spec, self.cameras, normalizer, self.tokenizer,

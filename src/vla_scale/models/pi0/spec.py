@@ -24,6 +24,8 @@ PALIGEMMA_VOCAB = 257_152
 
 NORMALIZATIONS = ("zscore", "quantile")
 """openpi's two normalisations (`transforms.Normalize`): (x - mean) / std, or [q01, q99] -> [-1, 1]."""
+NORM_CONVENTIONS = ("openpi", "lerobot")
+"""Whose edge rules the normalisation follows (models/pi0/normalize.py): openpi's epsilon or LeRobot's."""
 
 
 @dataclass(frozen=True)
@@ -80,11 +82,16 @@ class Pi0Spec:
     num_images: int = 3  # camera slots (openpi: base, left wrist, right wrist); a missing camera is masked
     num_steps: int = 10  # Euler steps of `sample_actions` from t = 1 to t = 0
     normalization: str = ""  # NORMALIZATIONS; "": openpi's for the family (z-score π0, quantile π0.5)
+    norm_convention: str = ""  # NORM_CONVENTIONS; "": openpi's (a LeRobot folder is read as lerobot)
     discrete_state_input: bool | None = None  # state in the prompt; None: as `pi05` (openpi's pi05_libero: False)
 
     @property
     def resolved_normalization(self) -> str:
         return self.normalization or ("quantile" if self.pi05 else "zscore")
+
+    @property
+    def resolved_norm_convention(self) -> str:
+        return self.norm_convention or "openpi"
 
     @property
     def state_in_prompt(self) -> bool:
@@ -127,6 +134,8 @@ def check_spec(spec: Pi0Spec) -> None:
                          f"num_kv_heads={spec.paligemma.num_kv_heads}")
     if spec.normalization not in ("", *NORMALIZATIONS):
         raise ValueError(f"normalization={spec.normalization!r}: choose one of {NORMALIZATIONS}")
+    if spec.norm_convention not in ("", *NORM_CONVENTIONS):
+        raise ValueError(f"norm_convention={spec.norm_convention!r}: choose one of {NORM_CONVENTIONS}")
     if spec.vision.image_size % spec.vision.patch_size or spec.vision.width % spec.vision.num_heads:
         raise ValueError(f"vision tower: image_size {spec.vision.image_size} must be a multiple of patch_size "
                          f"{spec.vision.patch_size} and width {spec.vision.width} of num_heads {spec.vision.num_heads}")
