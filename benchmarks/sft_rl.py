@@ -19,6 +19,7 @@ line's figures are cut, never rounded up, the table's have three decimals).
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import os
@@ -26,24 +27,28 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-RECIPE = {"demos": 320, "noise": 0.0, "start_spread": 0.15, "first_steps": 8, "sft_steps": 1000, "sft_lr": 1e-3,
-          "rl_steps": 200}
-"""The sizes docs/performance.md's table was measured with: one noise-free demonstration per task and TRAIN init
-state (4 x 80), the gripper starting within 0.15 m of the table's centre; 1000 SFT steps of 64 examples on the first
-8 steps of each demonstration, then 1000 on whole demonstrations; 200 PPO steps."""
-POLICIES = {
+PICK_PLACE_POLICIES = {
     "oft": ["model=tiny_pick_place", "model.attention=bidirectional", "model.use_film=true"],
     "pi0": ["model=pi0_tiny", f"model.pi0.tokenizer={ROOT / 'tests/fixtures/openpi_reference/tokenizer.model'}",
             "model.pi0.max_token_len=24", "model.pi0.image_size=32", "model.pi0.patch_size=8"],
 }
-"""The policy of each family (`--family`). OFT: the tiny policy with every position attending to every other and
-the vision FiLMed by the prompt, the two letting the image patches read the instruction (docs/performance.md, "Where
-the cube's word is needed"). π0: the tiny π0 (two 2-layer Gemmas) with 16 patches of 8 px per 32 px image, the
-parity fixture's SentencePiece model and room for pick_place's prompts."""
+"""pick_place's policy of each family (`--family`). OFT: the tiny policy with every position attending to every
+other and the vision FiLMed by the prompt, the two letting the image patches read the instruction
+(docs/performance.md, "Where the cube's word is needed"). π0: the tiny π0 (two 2-layer Gemmas) with 16 patches of
+8 px per 32 px image, the parity fixture's SentencePiece model and room for pick_place's prompts."""
+METAWORLD_POLICIES = {
+    "oft": ["model=tiny_metaworld", "model.attention=bidirectional", "model.use_film=true"],
+    "pi0": ["model=pi0_tiny", f"model.pi0.tokenizer={ROOT / 'tests/fixtures/openpi_reference/tokenizer.model'}",
+            "model.pi0.max_token_len=32", "model.pi0.image_size=32", "model.pi0.patch_size=8",
+            "model.pi0.action_horizon=8"],
+}
+"""Meta-World's: the same two, on its one 64 px corner2 camera, 4-D actions and state, chunks of 8; π0's prompt
+budget holds MT10's instructions."""
 RL = {"ppo": ["algo=ppo", "algo.mini_batches=4", "algo.micro_batches=1", "algo.lr=1e-4", "algo.temperature=1.0",
               "algo.critic.warmup_steps=5"],
       "grpo": ["algo=grpo", "algo.mini_batches=4", "algo.micro_batches=1", "algo.lr=1e-4", "algo.temperature=1.0"]}
@@ -53,20 +58,57 @@ the step limit ends a failure; the value head trained alone for its first 5 step
 policy falls back at grpo.yaml's 3e-4 and 1.6), four optimizer steps per RL step. `--rl-args` adds overrides."""
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """One env's pipeline: what every command of a seed gets (`task`), the demonstrations' own overrides, the
+    policies, the sizes, and RL's extra overrides."""
+
+    task: list[str]
+    demo: list[str]
+    policies: dict[str, list[str]]
+    demos: int
+    first_steps: int
+    sft_steps: int
+    sft_lr: float
+    rl_steps: int
+    rl: list[str] = field(default_factory=list)
+    dry_run: list[str] = field(default_factory=list)
+
+
+RECIPES = {
+    "pick_place": Recipe(
+        task=["env=pick_place"], demo=["env.pick_place.start_spread=0.15", "demo.noise=0.0"],
+        policies=PICK_PLACE_POLICIES, demos=320, first_steps=8, sft_steps=1000, sft_lr=1e-3, rl_steps=200,
+        dry_run=["env.num_eval_init_states=1", "env.max_steps=8"]),
+    "metaworld_mt10": Recipe(
+        task=["env=metaworld_mt10", "env.camera_resolution=64"], demo=[],
+        policies=METAWORLD_POLICIES, demos=200, first_steps=0, sft_steps=2000, sft_lr=1e-3, rl_steps=30,
+        rl=["algo.batch_size=10"],
+        dry_run=["env.num_tasks=2", "env.num_eval_init_states=1", "env.max_steps=16", "env.camera_resolution=32"]),
+}
+"""The recipes docs/performance.md's tables were measured with. pick_place: one noise-free demonstration per task
+and TRAIN init state (4 x 80), the gripper starting within 0.15 m of the table's centre; 1000 SFT steps of 64
+examples on the first 8 steps of each demonstration, then 1000 on whole demonstrations; 200 RL steps. MT10: 20
+noise-free expert demonstrations a task (docs/performance.md says why so few), 2000 SFT steps on whole
+demonstrations, 30 RL steps of 10 groups (every step plays each of the ten tasks once a group)."""
+
+
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", choices=sorted(RECIPES), default="pick_place",
+                   help="the benchmark, with its recipe (RECIPES): the sizes below default to it")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--demos", type=int, default=RECIPE["demos"], help="scripted demonstrations recorded")
-    p.add_argument("--noise", type=float, default=RECIPE["noise"], help="the demonstrator's xyz noise")
-    p.add_argument("--start-spread", type=float, default=RECIPE["start_spread"],
-                   help="env.pick_place.start_spread of the demonstrations (m)")
-    p.add_argument("--first-steps", type=int, default=RECIPE["first_steps"],
-                   help="sft.first_steps of the first SFT stage (0: one stage on whole demonstrations)")
-    p.add_argument("--sft-steps", type=int, default=RECIPE["sft_steps"], help="supervised optimizer steps")
-    p.add_argument("--sft-lr", type=float, default=RECIPE["sft_lr"], help="supervised learning rate")
-    p.add_argument("--rl-steps", type=int, default=RECIPE["rl_steps"],
-                   help="RL steps from the SFT policy (0: stop after the SFT policy's evaluation)")
-    p.add_argument("--family", choices=sorted(POLICIES), default="oft", help="the policy family")
+    p.add_argument("--demos", type=int, help="scripted demonstrations recorded, spread evenly over the tasks")
+    p.add_argument("--noise", type=float, default=0.0, help="the demonstrator's xyz noise")
+    p.add_argument("--start-spread", type=float, default=0.15,
+                   help="env.pick_place.start_spread of pick_place's demonstrations (m)")
+    p.add_argument("--first-steps", type=int,
+                   help="sft.first_steps of a first SFT stage (0: one stage on whole demonstrations)")
+    p.add_argument("--sft-steps", type=int, help="supervised optimizer steps (of each stage)")
+    p.add_argument("--sft-lr", type=float, help="supervised learning rate")
+    p.add_argument("--sft-args", nargs="*", default=[], help="more launch/sft.py overrides of every SFT stage")
+    p.add_argument("--rl-steps", type=int, help="RL steps from the SFT policy (0: stop after the SFT policy's eval)")
+    p.add_argument("--family", choices=["oft", "pi0"], default="oft", help="the policy family")
     p.add_argument("--algo", choices=sorted(RL), default="ppo", help="the RL algorithm")
     p.add_argument("--rl-args", nargs="*", default=[], help="more launch/train.py overrides of the RL run")
     p.add_argument("--sft-from", default="",
@@ -76,7 +118,14 @@ def parse() -> argparse.Namespace:
                    help="an earlier --out whose demonstrations this run trains on (instead of recording them)")
     p.add_argument("--out", default="runs/sft_rl", help="where every run of every seed is written")
     p.add_argument("--dry-run", action="store_true", help="toy sizes: the pipeline end to end, not its figures")
-    return p.parse_args()
+    args = p.parse_args()
+    recipe = RECIPES[args.env]
+    for key in ("demos", "first_steps", "sft_steps", "sft_lr", "rl_steps"):
+        if getattr(args, key) is None:
+            setattr(args, key, getattr(recipe, key))
+    if args.dry_run:
+        args.demos, args.sft_steps, args.rl_steps = 4, 2, 1
+    return args
 
 
 def run(script: str, *args: str) -> str:
@@ -100,14 +149,15 @@ def pipeline(args: argparse.Namespace, seed: int) -> dict[str, float]:
     out = Path(args.out) / f"seed_{seed}"
     if out.exists() and any(out.iterdir()):
         sys.exit(f"{out} is not empty: name another --out, or remove it")
-    small = ["env.num_eval_init_states=1", "env.max_steps=8", "parallel.num_workers=1", "parallel.sims_per_worker=2"] \
-        if args.dry_run else []
-    task = ["env=pick_place", f"seed={seed}", "progress=false", *small]
+    recipe = RECIPES[args.env]
+    small = [*recipe.dry_run, "parallel.num_workers=1", "parallel.sims_per_worker=2"] if args.dry_run else []
+    task = [*recipe.task, f"seed={seed}", "progress=false", *small]
     sft_dir, (sft_rate, sft_minutes) = supervised(args, seed, task, out)
     if not args.rl_steps:
-        return {"seed": seed, "sft": sft_rate, "rl": math.nan, "minutes": sft_minutes}
+        return {"seed": seed, "sft": sft_rate, "rl": math.nan, "minutes": sft_minutes,
+                "sft_tasks": task_rates(sft_dir / "sft_eval"), "rl_tasks": {}}
     start = time.perf_counter()
-    rl = [*RL[args.algo], *args.rl_args]
+    rl = [*RL[args.algo], *recipe.rl, *args.rl_args]
     if args.dry_run:
         rl += ["algo.batch_size=2", "algo.group_size=2", "algo.mini_batches=1", "algo.critic.warmup_steps=0"]
     run("train", *task, f"model.checkpoint={sft_dir / 'sft'}", *rl, f"steps={args.rl_steps}",
@@ -116,7 +166,18 @@ def pipeline(args: argparse.Namespace, seed: int) -> dict[str, float]:
                          "success_rate")
     minutes = {"sft": sft_minutes, "rl": (time.perf_counter() - start) / 60}
     (out / "minutes.json").write_text(json.dumps({**minutes, "sft_success": sft_rate}))
-    return {"seed": seed, "sft": sft_rate, "rl": rl_rate, "minutes": sum(minutes.values())}
+    return {"seed": seed, "sft": sft_rate, "rl": rl_rate, "minutes": sum(minutes.values()),
+            "sft_tasks": task_rates(sft_dir / "sft_eval"), "rl_tasks": task_rates(out / "rl_eval")}
+
+
+def task_rates(eval_dir: Path) -> dict[str, float]:
+    """Each task's held-out success from launch/eval.py's `eval_<suite>.csv` in `eval_dir` (task name: rate)."""
+    tables = [p for p in eval_dir.glob("eval_*.csv") if not p.stem.endswith("_groups")]
+    if not tables:
+        return {}
+    table = tables[0]
+    with table.open() as f:
+        return {row["instruction"]: float(row["success_rate"]) for row in csv.DictReader(f) if row["task"] != "total"}
 
 
 def supervised(args: argparse.Namespace, seed: int, task: list[str], out: Path) -> tuple[Path, tuple[float, float]]:
@@ -129,10 +190,11 @@ def supervised(args: argparse.Namespace, seed: int, task: list[str], out: Path) 
     start = time.perf_counter()
     demos = Path(args.demos_from) / f"seed_{seed}" / "demos" if args.demos_from else out / "demos"
     if not args.demos_from:
-        run("demonstrate", *task, f"env.pick_place.start_spread={args.start_spread}", f"record.path={demos}",
-            f"demo.episodes={args.demos}", f"demo.noise={args.noise}", f"hydra.run.dir={out / 'demonstrate'}")
-    sft = [*task, f"sft.dataset={demos}", f"sft.steps={args.sft_steps}", f"sft.lr={args.sft_lr}"]
-    policy = POLICIES[args.family]
+        spread = [f"env.pick_place.start_spread={args.start_spread}"] if args.env == "pick_place" else []
+        run("demonstrate", *task, *spread, f"record.path={demos}", f"demo.episodes={args.demos}",
+            f"demo.noise={args.noise}", f"hydra.run.dir={out / 'demonstrate'}")
+    sft = [*task, f"sft.dataset={demos}", f"sft.steps={args.sft_steps}", f"sft.lr={args.sft_lr}", *args.sft_args]
+    policy = RECIPES[args.env].policies[args.family]
     start_from = policy
     if args.first_steps:
         run("sft", *sft, *policy, f"sft.first_steps={args.first_steps}", f"run_dir={out / 'sft_first'}")
@@ -147,16 +209,27 @@ def supervised(args: argparse.Namespace, seed: int, task: list[str], out: Path) 
 
 def main() -> None:
     args = parse()
-    if args.dry_run:
-        args.demos, args.sft_steps, args.rl_steps = 4, 2, 1
     rows = [pipeline(args, seed) for seed in args.seeds]
     print("| seed | SFT success (held out) | RL success (held out) | gain | minutes |\n|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['seed']} | {r['sft']:.3f} | {r['rl']:.3f} | {r['rl'] - r['sft']:+.3f} | {r['minutes']:.1f} |")
+    print_task_table(rows)
     for r in rows:
         rl = "" if math.isnan(r["rl"]) else f" rl={_down(r['rl'], 2)}"  # --rl-steps 0: the SFT policy alone
-        print(f"sft_rl: task=pick_place seed={r['seed']} sft={_down(r['sft'], 2)}{rl} minutes={_down(r['minutes'], 1)}",
-              flush=True)
+        print(f"sft_rl: env={args.env} family={args.family} algo={args.algo} seed={r['seed']} "
+              f"sft={_down(r['sft'], 2)}{rl} minutes={_down(r['minutes'], 1)}", flush=True)
+
+
+def print_task_table(rows: list[dict]) -> None:
+    """Per task, each seed's SFT -> RL held-out success (from the evaluations' tables)."""
+    tasks = list(rows[0]["sft_tasks"]) if rows else []
+    if len(tasks) < 2:
+        return
+    print("\n| task | " + " | ".join(f"seed {r['seed']}: SFT -> RL" for r in rows) + " |")
+    print("|---|" + "---|" * len(rows))
+    for task in tasks:
+        cells = [f"{r['sft_tasks'].get(task, math.nan):.2f} -> {r['rl_tasks'].get(task, math.nan):.2f}" for r in rows]
+        print(f"| {task} | " + " | ".join(cells) + " |")
 
 
 def _down(value: float, places: int) -> str:

@@ -135,7 +135,8 @@ def test_sft_rl_dry_run_runs_the_six_commands_and_prints_a_line_per_seed(tmp_pat
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
-    assert re.fullmatch(r"sft_rl: task=pick_place seed=0 sft=\d\.\d\d rl=\d\.\d\d minutes=\d+\.\d", lines[-1]), lines
+    assert re.fullmatch(r"sft_rl: env=pick_place family=oft algo=ppo seed=0 sft=\d\.\d\d rl=\d\.\d\d "
+                        r"minutes=\d+\.\d", lines[-1]), lines
     for folder in ("demos", "sft_first", "sft", "sft_eval", "rl", "rl_eval"):
         assert (tmp_path / "seed_0" / folder).is_dir()
     first = json.loads((tmp_path / "seed_0" / "sft_first" / "checkpoints" / "step_2" / "config.json").read_text())

@@ -119,6 +119,7 @@ class StepBatch:
     rounds: int
     episodes: int
     env_steps: int = 0  # of every episode played, kept or not
+    outcomes: tuple[tuple[int, bool], ...] = ()  # (task id, success) of each episode of the first round
 
     @property
     def trajectories(self) -> list[Trajectory]:

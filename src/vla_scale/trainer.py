@@ -44,7 +44,7 @@ from vla_scale.envs.types import TaskSpec
 from vla_scale.models.fp8 import fp8_problem
 from vla_scale.models.interface import PolicySource
 from vla_scale.parallel.actor import Actor, UpdateResult
-from vla_scale.parallel.ranks import mean_over_ranks
+from vla_scale.parallel.ranks import mean_over_ranks, sum_over_ranks
 from vla_scale.parallel.sim.cluster import start_ray
 from vla_scale.parallel.sim.fleet import SimFleet, SimNodeLost
 from vla_scale.parallel.sync.weight_sync import SyncReport, sync_weights
@@ -354,6 +354,7 @@ class Trainer:
             "train/rollout_rounds": batch.rounds,
             "train/episodes": batch.episodes,
             "train/env_steps": self.mean_over_ranks(float(batch.env_steps)) * self.world,
+            **self.task_success(batch),
             **timer.metrics(),
             "time/recompute_s": result.recompute_s if result else 0.0,
             "sync/version": report.version, "sync/verify_s": report.verify_seconds,
@@ -391,17 +392,30 @@ class Trainer:
         kept: list[list[Trajectory]] = []
         rates: list[float] = []
         rounds = env_steps = 0
+        outcomes: tuple[tuple[int, bool], ...] = ()
         while len(kept) < n and rounds <= a.max_resample_rounds:
             specs = self.next_specs if rounds == 0 and self.next_specs else self.sampler.draw(n)
             self.next_specs = None
             uids = group_uids(f"{self.rank}.{done}.{rounds}", n, a.group_size)
             trajs = self.loop.run(repeat_for_groups(specs, a.group_size), uids, a.temperature)
+            outcomes = outcomes or tuple((traj.task.task_id, traj.success) for traj in trajs)
             groups, rate = kept_groups(trajs, uids, a)
             kept += groups
             rates.append(rate)
             rounds += 1
             env_steps += sum(traj.env_steps for traj in trajs)
-        return StepBatch(kept[:n], rates[0], rounds, rounds * n * a.group_size, env_steps)
+        return StepBatch(kept[:n], rates[0], rounds, rounds * n * a.group_size, env_steps, outcomes)
+
+    def task_success(self, batch: StepBatch) -> dict[str, float]:
+        """`train/task_<k>_success_rate`: the first round's success on task k over every rank's episodes, for each
+        task some rank played (a collective)."""
+        n = self.cfg.env.num_tasks
+        counts = [0.0] * (2 * n)  # successes of each task, then episodes of each task
+        for task, success in batch.outcomes:
+            counts[task] += float(success)
+            counts[n + task] += 1.0
+        totals = sum_over_ranks(counts, self.world, self.actor.device)
+        return {f"train/task_{k}_success_rate": totals[k] / totals[n + k] for k in range(n) if totals[n + k]}
 
     def mean_over_ranks(self, value: float) -> float:
         """`value`'s mean over the ranks (every rank must call it equally often: it is a collective)."""

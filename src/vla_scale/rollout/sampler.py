@@ -16,23 +16,35 @@ def eval_specs(env: EnvConfig) -> list[TaskSpec]:
 
 
 class TaskSampler:
-    """Draws (task, train init state) specs; its state is saved in checkpoints so a resumed run draws the same."""
+    """Draws (task, train init state) specs; its state is saved in checkpoints so a resumed run draws the same.
+
+    Tasks come in shuffled rounds of every task once, a round carried over from one draw to the next: a draw of at
+    least `num_tasks` specs holds every task (a multi-task step learns from all of them), a draw of n holds each task
+    floor(n / num_tasks) or one more times, and smaller draws cover every task over consecutive steps. Init states
+    are drawn uniformly from the TRAIN block."""
 
     def __init__(self, env: EnvConfig, seed: int):
         self.env = env
         self.rng = np.random.default_rng(seed)
         self.train_ids = init_state_ids(env, "train")
+        self.round: list[int] = []  # the tasks of the current round not yet drawn
 
     def draw(self, n: int) -> list[TaskSpec]:
-        tasks = self.rng.integers(0, self.env.num_tasks, size=n)
+        tasks = [self._next_task() for _ in range(n)]
         states = self.rng.integers(0, len(self.train_ids), size=n)
-        return [TaskSpec(self.env.suite, int(t), self.train_ids[s]) for t, s in zip(tasks, states, strict=True)]
+        return [TaskSpec(self.env.suite, t, self.train_ids[s]) for t, s in zip(tasks, states, strict=True)]
+
+    def _next_task(self) -> int:
+        if not self.round:
+            self.round = [int(t) for t in self.rng.permutation(self.env.num_tasks)]
+        return self.round.pop()
 
     def eval_specs(self) -> list[TaskSpec]:
         return eval_specs(self.env)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"bit_generator": self.rng.bit_generator.state}
+        return {"bit_generator": self.rng.bit_generator.state, "round": list(self.round)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["bit_generator"]
+        self.round = list(state.get("round", []))
