@@ -227,3 +227,16 @@ def test_a_simulator_keeps_at_most_tasks_kept_scenes_and_rebuilds_the_same() -> 
     again.close()
     with pytest.raises(ValueError, match="tasks_kept must be >= 1"):
         MetaWorldEnv(tasks_kept=0)
+
+
+def test_the_simulators_of_a_process_share_tasks_kept() -> None:
+    """Simulators of one process (a training fleet's slots) share tasks_kept: two with 4 keep two scenes each, and
+    the one left open keeps four (a process of 20 simulators with the default 10 keeps one scene each, not ten)."""
+    envs = [MetaWorldEnv(camera_resolution=32, tasks_kept=4) for _ in range(2)]
+    assert [env.kept for env in envs] == [2, 2]
+    for task in (0, 1, 2):
+        envs[0].reset(TaskSpec("mt10", task, 7))
+    assert envs[0].built == ("push-v3", "pick-place-v3")
+    envs[1].close()
+    assert envs[0].kept == 4
+    envs[0].close()

@@ -83,11 +83,12 @@ def test_a_multirun_sweep_gives_each_job_its_run_directory_and_every_promised_sc
             assert tag in scalars, (run, tag)
         assert [s for s, _ in scalars["train/policy_loss"]] == [1, 2]
         assert [s for s, _ in scalars["eval/success_rate"]] == [0, 1, 2]
-        # reach's 3 tasks drawn in shuffled rounds: step 1 plays two of them, step 2 the third and one more
+        # reach's 3 tasks drawn in rounds: step 1 plays tasks 0 and 1, step 2 task 2 and task 0 again
         per_task = {t: dict(scalars[t]) for t in scalars if t.startswith("train/task_")}
         assert set(per_task) == {f"train/task_{k}_success_rate" for k in range(3)}, sorted(per_task)
-        first = [rates[1] for rates in per_task.values() if 1 in rates]
-        assert len(first) == 2 and np.isclose(np.mean(first), dict(scalars["train/success_rate"])[1])
+        assert [sorted(rates) for _, rates in sorted(per_task.items())] == [[1, 2], [1], [2]]
+        first = [per_task[f"train/task_{k}_success_rate"][1] for k in (0, 1)]
+        assert np.isclose(np.mean(first), dict(scalars["train/success_rate"])[1])
         assert [v for _, v in scalars["sync/version"]] == [1, 2]
         # the rollout <-> actor mismatch before each update: CPU float32 computes the same function on both sides
         for tag in ("train/mismatch_abs_log_ratio", "train/mismatch_approx_kl", "train/mismatch_outside_clip"):

@@ -34,6 +34,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -183,8 +184,9 @@ class MetaWorldEnv:
 
     camera_resolution: the camera image's side in pixels. max_steps: policy steps per episode (None: 500).
     shadows, reflections, multisamples: the renderer's scene (Meta-World's own: on, on, 4). tasks_kept: the most
-    tasks whose scene stays built (about 160 MB each: Meta-World's textures); the one used longest ago is closed to
-    build another (0.4 s), so an MT50 simulator need not hold fifty.
+    scenes that stay built in this process, shared evenly by its open simulators, each keeping at least the one it
+    plays (a scene is about 110 MB: Meta-World's env and its renderer); the one used longest ago is closed to build
+    another (0.4 s), so an MT50 simulator need not hold fifty, nor a process of 20 simulators two hundred.
     """
 
     NUM_INIT_STATES = NUM_INIT_STATES
@@ -208,6 +210,12 @@ class MetaWorldEnv:
         self._state = np.zeros(STATE_DIM)
         self._steps = 0
         self._done = True
+        _OPEN.add(self)
+
+    @property
+    def kept(self) -> int:
+        """The scenes this simulator keeps built: its share of `tasks_kept` among the process's open simulators."""
+        return max(1, self.tasks_kept // max(len(_OPEN), 1))
 
     @property
     def state(self) -> np.ndarray:
@@ -241,6 +249,9 @@ class MetaWorldEnv:
         camera = mujoco.mj_name2id(env.model, mujoco.mjtObj.mjOBJ_CAMERA, CAMERA)
         env.model.cam_pos[camera] = CAMERA_POS
         env.model.vis.quality.offsamples = self.multisamples  # read when the renderer's buffers are made
+        if not self.shadows:  # the scene's 4096 px shadow map is never drawn: no buffer for it (68 MB less a scene)
+            env.model.vis.quality.shadowsize = 0
+        env.model.vis.global_.offwidth = env.model.vis.global_.offheight = self.camera_resolution  # not 640 x 480
         renderer = mujoco.Renderer(env.model, self.camera_resolution, self.camera_resolution)
         renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = self.shadows
         renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = self.reflections
@@ -256,7 +267,7 @@ class MetaWorldEnv:
         if self._name in self._envs:  # the most recently used last
             self._envs[self._name] = self._envs.pop(self._name)
         else:
-            while len(self._envs) >= self.tasks_kept:
+            while len(self._envs) >= self.kept:
                 self._drop(next(iter(self._envs)))
             self._build(self._name)
         env = self.raw
@@ -311,6 +322,11 @@ class MetaWorldEnv:
         for name in list(self._envs):
             self._drop(name)
         self._task, self._done = None, True
+        _OPEN.discard(self)
+
+
+_OPEN: weakref.WeakSet[MetaWorldEnv] = weakref.WeakSet()
+"""The simulators open in this process (a simulator process hosts several), which share `tasks_kept`."""
 
 
 @dataclass
@@ -327,8 +343,8 @@ class MetaWorldSettings:
     multisamples: int = 0
     """Multisampling of the offscreen image (Meta-World's scenes: 4)."""
     tasks_kept: int = 10
-    """Tasks whose scene a simulator keeps built (about 160 MB each); playing another closes the one used longest
-    ago and builds it (0.4 s)."""
+    """Scenes a simulator process keeps built (about 110 MB each), shared evenly by its simulators, each keeping at
+    least the one it plays; playing another closes the one used longest ago and builds it (0.4 s)."""
 
     BOUNDS: ClassVar[dict[str, Bound]] = {"multisamples": (">= 0", 0, True), "tasks_kept": (">= 1", 1, True)}
 

@@ -18,10 +18,12 @@ def eval_specs(env: EnvConfig) -> list[TaskSpec]:
 class TaskSampler:
     """Draws (task, train init state) specs; its state is saved in checkpoints so a resumed run draws the same.
 
-    Tasks come in shuffled rounds of every task once, a round carried over from one draw to the next: a draw of at
-    least `num_tasks` specs holds every task (a multi-task step learns from all of them), a draw of n holds each task
-    floor(n / num_tasks) or one more times, and smaller draws cover every task over consecutive steps. Init states
-    are drawn uniformly from the TRAIN block."""
+    Tasks come in rounds of every task once, in task order, a round carried over from one draw to the next: a draw
+    of at least `num_tasks` specs holds every task (a multi-task step learns from all of them), a draw of n holds
+    each task floor(n / num_tasks) or one more times, and smaller draws cover every task over consecutive steps. In
+    order, not shuffled: when a step draws a multiple of `num_tasks`, each simulator of the fleet (group g plays on
+    the same simulators every step) plays the same task every step, so a simulator whose scene takes time and
+    memory to build (Meta-World's) builds it once. Init states are drawn uniformly from the TRAIN block."""
 
     def __init__(self, env: EnvConfig, seed: int):
         self.env = env
@@ -36,8 +38,8 @@ class TaskSampler:
 
     def _next_task(self) -> int:
         if not self.round:
-            self.round = [int(t) for t in self.rng.permutation(self.env.num_tasks)]
-        return self.round.pop()
+            self.round = list(range(self.env.num_tasks))
+        return self.round.pop(0)
 
     def eval_specs(self) -> list[TaskSpec]:
         return eval_specs(self.env)
