@@ -1,19 +1,23 @@
-"""From demonstrations to a better policy on the embedded pick_place task, as a new user runs it, for several seeds.
+"""From demonstrations to a better policy, as a new user runs it, for several seeds: on the embedded pick_place task
+or on Meta-World's MT10 (`--env`), with the tiny OFT policy or the tiny π0 (`--family`), GRPO or PPO (`--algo`).
 
-    python benchmarks/sft_rl.py --seeds 0 1 2          # the table of docs/performance.md (2-core CPU machine)
-    python benchmarks/sft_rl.py --dry-run              # the whole pipeline at toy sizes, in about a minute
+    python benchmarks/sft_rl.py --seeds 0 1 2                                  # pick_place, OFT, PPO
+    python benchmarks/sft_rl.py --env metaworld_mt10 --family pi0 --algo grpo --seeds 0
+    python benchmarks/sft_rl.py --dry-run                                      # the pipeline at toy sizes
 
-Per seed, six commands run one after another, each as the README gives it (their own processes, their own last
-lines parsed): scripted demonstrations on the TRAIN init states, the gripper starting anywhere over the table
-(launch/demonstrate.py) -> supervised fine-tuning in two stages, the first on the first steps of each demonstration
-(where the instruction's cube decides the moves), the second on whole demonstrations from the first's checkpoint
-(launch/sft.py) -> evaluation of the SFT policy on the held-out EVAL init states (launch/eval.py) -> RL from the
-SFT checkpoint (launch/train.py, `--algo grpo` or `ppo`) -> evaluation of the RL policy (launch/eval.py). Everything
-a run writes stays in `--out/seed_<s>/`, with each phase's minutes in `minutes.json`; `--sft-from <earlier out>`
-reuses an earlier run's demonstrations and SFT policies (another RL from the same start), counting their minutes as
-measured. Prints one row per seed and, per seed, the line
-`sft_rl: task=pick_place seed=<s> sft=<x.xx> rl=<y.yy> minutes=<m>` (minutes: the six commands' wall time; the
-line's figures are cut, never rounded up, the table's have three decimals).
+Per seed, the commands run one after another, each as the README gives it (their own processes, their own last
+lines parsed): scripted demonstrations on the TRAIN init states (launch/demonstrate.py; pick_place's scripted
+demonstrator with the gripper starting anywhere over the table, Meta-World's experts) -> supervised fine-tuning
+(launch/sft.py; on pick_place in two stages, the first on the first steps of each demonstration, where the
+instruction's cube decides the moves, the second on whole demonstrations from the first's checkpoint) ->
+evaluation of the SFT policy on the held-out EVAL init states (launch/eval.py) -> RL from the SFT checkpoint
+(launch/train.py) -> evaluation of the RL policy. Every command runs with `deterministic=true`, so a seed's figures
+repeat bit for bit on the same machine. Everything a run writes stays in `--out/seed_<s>/`, with each phase's
+minutes in `minutes.json`; `--sft-from <earlier out>` reuses an earlier run's demonstrations and SFT policies
+(another RL from the same start), counting their minutes as measured. Prints one row per seed, a row per task
+(SFT -> RL, each seed) where the env has several, and per seed the line
+`sft_rl: env=<env> family=<oft|pi0> algo=<grpo|ppo> seed=<s> sft=<x.xx> rl=<y.yy> minutes=<m>` (minutes: the
+commands' wall time; the line's figures are cut, never rounded up, the table's have three decimals).
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ RECIPES = {
         task=["env=metaworld_mt10", "env.camera_resolution=64"], demo=[],
         policies=METAWORLD_POLICIES, demos=200, first_steps=0, sft_steps=2000, sft_lr=1e-3, rl_steps=30,
         rl=["algo.batch_size=10"],
-        dry_run=["env.num_tasks=2", "env.num_eval_init_states=1", "env.max_steps=16", "env.camera_resolution=32"]),
+        dry_run=["env.num_tasks=2", "env.num_eval_init_states=1", "env.max_steps=60", "env.camera_resolution=32"]),
 }
 """The recipes docs/performance.md's tables were measured with. pick_place: one noise-free demonstration per task
 and TRAIN init state (4 x 80), the gripper starting within 0.15 m of the table's centre; 1000 SFT steps of 64
@@ -151,7 +155,7 @@ def pipeline(args: argparse.Namespace, seed: int) -> dict[str, float]:
         sys.exit(f"{out} is not empty: name another --out, or remove it")
     recipe = RECIPES[args.env]
     small = [*recipe.dry_run, "parallel.num_workers=1", "parallel.sims_per_worker=2"] if args.dry_run else []
-    task = [*recipe.task, f"seed={seed}", "progress=false", *small]
+    task = [*recipe.task, f"seed={seed}", "progress=false", "deterministic=true", *small]
     sft_dir, (sft_rate, sft_minutes) = supervised(args, seed, task, out)
     if not args.rl_steps:
         return {"seed": seed, "sft": sft_rate, "rl": math.nan, "minutes": sft_minutes,
@@ -171,13 +175,15 @@ def pipeline(args: argparse.Namespace, seed: int) -> dict[str, float]:
 
 
 def task_rates(eval_dir: Path) -> dict[str, float]:
-    """Each task's held-out success from launch/eval.py's `eval_<suite>.csv` in `eval_dir` (task name: rate)."""
+    """Each task's held-out success from launch/eval.py's `eval_<suite>.csv` in `eval_dir` (by its name or, where
+    the suite has none, its instruction)."""
     tables = [p for p in eval_dir.glob("eval_*.csv") if not p.stem.endswith("_groups")]
     if not tables:
         return {}
     table = tables[0]
     with table.open() as f:
-        return {row["instruction"]: float(row["success_rate"]) for row in csv.DictReader(f) if row["task"] != "total"}
+        return {row["instruction"].split(": ")[0]: float(row["success_rate"])  # Meta-World's: "<name>: <text>"
+                for row in csv.DictReader(f) if row["task"] != "total"}
 
 
 def supervised(args: argparse.Namespace, seed: int, task: list[str], out: Path) -> tuple[Path, tuple[float, float]]:

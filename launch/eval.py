@@ -116,7 +116,7 @@ def _markdown(header: list[str], rows: list[list[str]], bold: str) -> str:
 
 
 def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) -> float:
-    from vla_scale.run_setup import checked_policy, resolved_config
+    from vla_scale.run_setup import checked_policy, make_deterministic, resolved_config
 
     # the Ray address and the policy against the env before anything starts and before the rollout stack's imports
     vla = checked_policy(cfg, explicit, training=False)
@@ -135,6 +135,8 @@ def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) 
     instructions = sim.instructions(e.suite)
     if sim.task_names is not None:  # tasks some instructions do not tell apart (Meta-World's push and push-back)
         instructions = [f"{name}: {text}" for name, text in zip(sim.task_names(e.suite), instructions, strict=True)]
+    if cfg.deterministic:  # the same table twice: one intra-op thread (sums in one order), as training has it
+        make_deterministic()
     torch.manual_seed(cfg.seed)
     policy = vla.policy
     source = f"{vla.source} (smoke run)" if not cfg.model.checkpoint else vla.source
