@@ -49,5 +49,8 @@ setup(
         # What Meta-World imports at run time; metaworld itself installs with --no-deps (it pins mujoco==3.3.0 and
         # runs under the pinned one: `make metaworld`).
         "metaworld": ["gymnasium==1.4.0", "scipy==1.17.1", "imageio==2.38.1"],
+        # Liger Kernel's Triton kernels for the policies' norms, gated MLPs and rotary embeddings on a CUDA GPU
+        # (model.kernels=liger); a CPU install runs the eager layers and needs none of it.
+        "kernels": ["liger-kernel==0.8.5"],
     },
 )

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from vla_scale.config import ConfigError, EnvConfig, ModelConfig
 from vla_scale.envs.registry import simulator
 from vla_scale.models.checkpoint_io import step_folder
+from vla_scale.models.kernels import kernels_problem
 from vla_scale.models.pi0.source import Pi0Source
 from vla_scale.models.pi0.spec import PRESETS as PI0_PRESETS
 from vla_scale.models.pi0.spec import Pi0Spec
@@ -148,9 +149,14 @@ def vla_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[str] = 
     """The policy of a run on `env` (a `models/interface.PolicySource` of `model.family`): `model.checkpoint`'s,
     else a fresh one; raises ConfigError naming every key that does not fit, before any simulator starts.
     `explicit`: the keys the command line set (`model.*` ones a checkpoint contradicts are refused rather than
-    silently replaced by the checkpoint's values)."""
+    silently replaced by the checkpoint's values). `model.kernels` is refused first where it cannot run."""
+    problem = kernels_problem(model.kernels)
+    if problem:
+        raise ConfigError(problem)
     family = checkpoint_family_of(model, explicit)
-    return FAMILIES[family].source(replace(model, family=family), env, explicit)
+    source = FAMILIES[family].source(replace(model, family=family), env, explicit)
+    source.kernels = model.kernels
+    return source
 
 
 def checkpoint_family_of(model: ModelConfig, explicit: Collection[str] = ()) -> str:

@@ -82,6 +82,7 @@ BAD = [
                                             "[1, 2, 4, 8, 16, 32, 64]"]),
     (["rollout.pipeline_stage_num=0"], ["rollout.pipeline_stage_num=0 must be >= 1"]),
     (["env.name=libbero"], ["env.name='libbero'", "choose one of"]),
+    (["model.kernels=triton"], ["model.kernels='triton'", "choose one of ['eager', 'liger']"]),
     (["env.suite=libero_spatial"], ["env.suite='libero_spatial'", "choose one of"]),
     (["algo.group_size=1", "algo.batch_size=4"], ["algo.group_size=1", "at least 2 episodes"]),
     (["algo.filter_low=0.8", "algo.filter_high=0.2"], ["algo.filter_low", "algo.filter_high"]),

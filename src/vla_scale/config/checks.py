@@ -29,6 +29,7 @@ def choices() -> dict[str, tuple[Any, ...]]:
     from vla_scale.models.critic import CRITIC_POSITIONS
     from vla_scale.models.fp8 import PRECISIONS
     from vla_scale.models.interface import POLICY_FAMILIES
+    from vla_scale.models.kernels import KERNELS
     from vla_scale.models.pi0.spec import NORM_CONVENTIONS as PI0_NORM_CONVENTIONS
     from vla_scale.models.pi0.spec import NORMALIZATIONS as PI0_NORMALIZATIONS
     from vla_scale.models.pi0.spec import PRESETS as PI0_PRESETS
@@ -42,6 +43,7 @@ def choices() -> dict[str, tuple[Any, ...]]:
         "env.eval_protocol": ("held_out", "published"),
         "model.image_resize": IMAGE_RESIZES,
         "model.family": POLICY_FAMILIES,
+        "model.kernels": KERNELS,
         "sft.image_augmentation": ("auto", "none", "openpi"),
         "model.pi0.preset": tuple(PI0_PRESETS),
         "model.pi0.normalization": ("", *PI0_NORMALIZATIONS),

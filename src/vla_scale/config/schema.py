@@ -149,6 +149,12 @@ class ModelConfig:
     """LoRA: the adapters the actor trains (rank 0: none) and adapters to merge on load."""
     family: str = "oft"
     """The policy family: oft (OpenVLA-OFT; the keys above) or pi0 (π0 and π0.5, flow matching; model.pi0.*)."""
+    kernels: str = "eager"
+    """The kernels of the policy's RMS norms, gated MLPs and rotary embeddings, in the actor's update and the rollout
+    engine's decode, both families: eager (torch's ops, any device) or liger (Liger Kernel's Triton kernels, on a
+    CUDA GPU only: less activation memory and fewer passes over it; the optional `kernels` extra, `pip install -e
+    '.[kernels]'`). The parameters and checkpoints are the same either way; OFT's compiled decode on the GPU fuses
+    these layers itself and keeps its kernels."""
     pi0: Pi0ModelConfig = field(default_factory=Pi0ModelConfig)
     """The π0 / π0.5 policy (model.family=pi0)."""
 

@@ -174,6 +174,7 @@ class PolicySource(Protocol):
     augmentations: tuple[str, ...]  # the `sft.image_augmentation` values its fine-tuning takes besides auto
     source: str
     weights: str
+    kernels: str  # `model.kernels`: what every policy it builds runs its norms, MLPs and rotary embeddings with
 
     @property
     def cameras(self) -> tuple[str, ...]: ...

@@ -52,6 +52,7 @@ from vla_scale.models.checkpoint_io import (
 )
 from vla_scale.models.demonstrations import OFTDemonstrations, SupervisedExamples
 from vla_scale.models.interface import EnvKeys
+from vla_scale.models.kernels import use_kernels
 from vla_scale.models.processor import PolicyInputs, Processor
 from vla_scale.models.spec import OFFICIAL_EVALUATION, OFTSpec
 from vla_scale.models.statistics import dataset_statistics
@@ -85,11 +86,13 @@ class PretrainedVLA:
     family = "oft"
 
     def __init__(self, spec: OFTSpec, tokenizer: TextTokenizer, processor: Processor, env: str, source: str,
-                 weights: str = "", adapters: tuple[str, ...] = ()):
+                 weights: str = "", adapters: tuple[str, ...] = (), kernels: str = "eager"):
         self.spec, self.tokenizer, self.processor, self.env, self.source = spec, tokenizer, processor, env, source
         self.weights, self.adapters = weights, adapters
         """The checkpoint folder the policy's weights come from ('': a fresh random init); LoRA adapter folders
         merged into them."""
+        self.kernels = kernels
+        """The kernels every policy it builds runs (`model.kernels`, `models/kernels.py`)."""
         self.convention = spec.resolved_convention
         self.env_actions = simulator(env).action_postprocess(self.convention)
         """Un-normalised actions [..., A] -> what the env steps with (the env's post-processing)."""
@@ -171,7 +174,7 @@ class PretrainedVLA:
 
         read_adapters(folder)
         return PretrainedVLA(self.spec, self.tokenizer, self.processor, self.env, f"{self.source} + adapters {folder}",
-                             self.weights, (*self.adapters, folder))
+                             self.weights, (*self.adapters, folder), self.kernels)
 
     def with_statistics(self, key: str, stats: dict[str, Any]) -> PretrainedVLA:
         """This source with `stats` (one `dataset_statistics.json` entry) as the statistics its actions and proprio
@@ -181,7 +184,7 @@ class PretrainedVLA:
         processor = Processor(self.tokenizer, self.processor.transform, self.cameras,
                               DatasetStats.from_json(stats, spec.normalization), self.max_text_len)
         return PretrainedVLA(spec, self.tokenizer, processor, self.env, f"{self.source} + statistics {key!r}",
-                             self.weights, self.adapters)
+                             self.weights, self.adapters, self.kernels)
 
     # ---- supervised fine-tuning (models/interface.PolicySource) -----------------------------------------------------
     @property
@@ -267,7 +270,7 @@ class PretrainedVLA:
 
     def new_policy(self, zero3_init: bool = False) -> OFTPolicy:
         """Another copy from the same source (fresh: a new random init; checkpoint: its weights again), adapters
-        merged. `zero3_init`: the caller builds it inside `deepspeed.zero.Init`."""
+        merged, with `kernels`. `zero3_init`: the caller builds it inside `deepspeed.zero.Init`."""
         from vla_scale.models.oft.policy import OFTPolicy
 
         policy = OFTPolicy.from_spec(self.spec, self.weights, zero3_init)
@@ -276,14 +279,14 @@ class PretrainedVLA:
 
             for folder in self.adapters:
                 merge_adapters(policy, folder, zero3_init)
-        return policy
+        return use_kernels(policy, self.kernels)
 
     def unfilled_policy(self) -> OFTPolicy:
         """A policy of this one's shape holding no values yet (`OFTPolicy.unfilled`): for a rollout engine that a
         weight sync fills (the trainer's); nothing is read from the checkpoint."""
         from vla_scale.models.oft.policy import OFTPolicy
 
-        return OFTPolicy.unfilled(self.spec)
+        return use_kernels(OFTPolicy.unfilled(self.spec), self.kernels)
 
     @property
     def cameras(self) -> tuple[str, ...]:

@@ -117,6 +117,9 @@ class Streams:
 class PaliGemmaWithExpert(nn.Module):
     """The two Gemmas, the SigLIP tower and the projector, run jointly (module docstring)."""
 
+    rotary = staticmethod(rotate)
+    """The rotary embedding of each layer's queries and keys (`models/liger.py` puts Liger's kernel here)."""
+
     def __init__(self, spec: Pi0Spec, zero3_init: bool = False):
         super().__init__()
         self.spec = spec
@@ -174,7 +177,7 @@ class PaliGemmaWithExpert(nn.Module):
             normed, gates[s] = normalize(layer.input_layernorm, h, conds[s])
             q, k, v = layer.self_attn.qkv(normed)
             qs.append(q), ks.append(k), vs.append(v)
-        q, k = rotate(torch.cat(qs, dim=2), torch.cat(ks, dim=2), cos, sin)
+        q, k = self.rotary(torch.cat(qs, dim=2), torch.cat(ks, dim=2), cos, sin)
         v = torch.cat(vs, dim=2)
         kv = (k, v)
         if past is not None:

@@ -22,6 +22,7 @@ import numpy as np
 from vla_scale.datasets.episodes import Episode
 from vla_scale.envs.registry import simulator
 from vla_scale.models.interface import EnvKeys
+from vla_scale.models.kernels import use_kernels
 from vla_scale.models.pi0.normalize import NormStats, Pi0Normalizer, norm_stats_of
 from vla_scale.models.pi0.spec import Pi0Spec
 from vla_scale.models.pi0.tokenizer import PaliGemmaTokenizer
@@ -53,6 +54,8 @@ class Pi0Source:
         self._policy: Pi0Policy | None = None
         self.noise_level = 0.5
         """RL's Flow-SDE noise level (`model.pi0.noise_level`)."""
+        self.kernels = "eager"
+        """The kernels every policy it builds runs (`model.kernels`, `models/kernels.py`)."""
 
     @classmethod
     def fresh(cls, spec: Pi0Spec, tokenizer_file: str, env: str, source: str) -> Pi0Source:
@@ -168,7 +171,7 @@ class Pi0Source:
         from vla_scale.models.pi0.policy import Pi0Policy
 
         with initialization.no_init_weights():
-            return Pi0Policy(self.spec)
+            return use_kernels(Pi0Policy(self.spec), self.kernels)
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
         """The decoded actions in the env's convention: they are already (openpi's outputs are played as they
@@ -224,7 +227,7 @@ class Pi0Source:
                  "actions": norm_stats_of(np.concatenate([e.actions for e in episodes]))}
         source = Pi0Source(self.spec, self.tokenizer, self.env, f"{self.source} + norm stats {key!r}", stats, key,
                            self.weights, self.weights_asset, self._actions_per_chunk)
-        source.noise_level = self.noise_level
+        source.noise_level, source.kernels = self.noise_level, self.kernels
         return source
 
     def demonstrations(self, episodes: Sequence[Episode], augmentation: str = "auto") -> Pi0Demonstrations:
@@ -244,7 +247,7 @@ class Pi0Source:
     # ---- weights ---------------------------------------------------------------------------------------------------
     def new_policy(self, zero3_init: bool = False) -> Pi0Policy:
         """The policy (the expert's LM head, which never runs, frozen): freshly initialised, or the weights of the
-        checkpoint folder it came from (copied into ZeRO-3 shards under `zero3_init`)."""
+        checkpoint folder it came from (copied into ZeRO-3 shards under `zero3_init`), with `kernels`."""
         from vla_scale.models.checkpoint_io import copy_tensors
         from vla_scale.models.pi0.checkpoint import read_pi0_folder
         from vla_scale.models.pi0.policy import Pi0Policy
@@ -254,7 +257,7 @@ class Pi0Source:
             _, state, _, _, _ = read_pi0_folder(self.weights, self.weights_asset or None, check_shapes=False)
             names = dict(policy.named_parameters())  # one name of each tied pair, as the policy holds it
             copy_tensors(policy, ((n, t) for n, t in state.items() if n in names), zero3_init)
-        return policy
+        return use_kernels(policy, self.kernels)
 
     def identity_stats(self) -> dict[str, NormStats]:
         """Statistics that leave states and actions as they are (up to openpi's 1e-6 on the divisor): what a folder
