@@ -286,7 +286,7 @@ def pi0_source_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[
         source = Pi0Source.fresh(spec, model.pi0.tokenizer, env.name, f"a fresh model={model.name}")
     except (OSError, ValueError) as err:
         raise ConfigError(f"model.pi0.tokenizer={model.pi0.tokenizer!r} / model.pi0.*: {err}") from err
-    source.noise_level = model.pi0.noise_level
+    source.noise_level, source.stochastic_steps = model.pi0.noise_level, model.pi0.stochastic_steps
     problems = source.check_env(env)
     if problems:
         raise ConfigError("the policy does not fit the env:\n  - " + "\n  - ".join(problems))
@@ -314,7 +314,7 @@ def pi0_checkpoint_source(model: ModelConfig, env: EnvConfig, explicit: Collecti
     for key in ("num_steps", "norm_convention"):  # how the folder's policy samples and normalises, not its shapes
         if getattr(model.pi0, key):
             source.spec = replace(source.spec, **{key: getattr(model.pi0, key)})
-    source.noise_level = model.pi0.noise_level
+    source.noise_level, source.stochastic_steps = model.pi0.noise_level, model.pi0.stochastic_steps
     env_problems = source.check_env(env)
     if env_problems:
         raise ConfigError("the policy does not fit the env:\n  - " + "\n  - ".join(env_problems))

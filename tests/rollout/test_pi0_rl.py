@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from test_pi0_decode import _observations, write_tiny_pi0
 
@@ -38,9 +39,9 @@ def test_the_rollouts_chunk_logprob_is_scored_again_with_gradients(tmp_path: Pat
         source.noise_level = 0.7
         spec = source.spec
         prepared, decoded = _decoded(source)
-        chain, step, level = (decoded.sampled[k] for k in ("chain", "step", "noise_level"))
+        chain, stochastic, level = (decoded.sampled[k] for k in ("chain", "stochastic", "noise_level"))
         assert chain.shape == (3, spec.num_steps + 1, spec.action_horizon, spec.action_dim)
-        assert step.shape == (3,) and ((step >= 0) & (step < spec.num_steps)).all()
+        assert stochastic.shape == (3, spec.num_steps) and stochastic.sum(axis=1).tolist() == [1, 1, 1]
         assert level.tolist() == [np.float32(0.7)] * 3
         assert decoded.logprobs.shape == (3, 1) and np.isfinite(decoded.logprobs).all() and decoded.logprobs.any()
         np.testing.assert_array_equal(decoded.tokens.reshape(3, -1, 7), chain[:, -1, :, :7])
@@ -56,6 +57,29 @@ def test_the_rollouts_chunk_logprob_is_scored_again_with_gradients(tmp_path: Pat
         logprobs.sum().backward()
         grads = [p.grad for p in policy.parameters() if p.grad is not None]
         assert grads and any(bool(g.abs().sum() > 0) for g in grads)
+
+
+def test_every_step_stochastic_scores_the_whole_chain(tmp_path: Path) -> None:
+    """`model.pi0.stochastic_steps=all`: every denoising step is a transition; the chunk's log-prob and entropy sum
+    all K steps', and the scorer gives the rollout's log-prob again."""
+    source = Pi0Source.from_folder(str(write_tiny_pi0(tmp_path / "pi0", False)), "pick_place")
+    source.stochastic_steps = "all"
+    prepared, decoded = _decoded(source)
+    assert decoded.sampled["stochastic"].all()
+    policy = source.new_policy()
+    sampled = {k: torch.from_numpy(v) for k, v in decoded.sampled.items()}
+    logprobs, entropy, _ = _scored(source, policy, prepared, sampled)
+    torch.testing.assert_close(logprobs.detach(), torch.from_numpy(decoded.logprobs), rtol=0, atol=1e-3)
+    # K Gaussians' entropies over the chunk's played elements, each step's std a * sqrt(t / max(1 - t, 1/K) / K)
+    k, level = source.spec.num_steps, float(decoded.sampled["noise_level"][0])
+    times = 1.0 - np.arange(k) / k
+    std = level * np.sqrt(times / np.maximum(1.0 - times, 1.0 / k) / k)
+    elements = float(source.chunk_scorer().mask.sum())
+    expected = elements * np.sum(0.5 * (1.0 + np.log(2.0 * np.pi)) + np.log(std))
+    np.testing.assert_allclose(entropy().numpy(), np.full((3, 1), expected), rtol=1e-5)
+    with pytest.raises(ValueError, match="stochastic_steps='some'"):
+        source.stochastic_steps = "some"
+        source.chunk_decoder()
 
 
 def test_a_chunk_level_record_is_masked_per_chunk() -> None:

@@ -30,6 +30,7 @@ def choices() -> dict[str, tuple[Any, ...]]:
     from vla_scale.models.fp8 import PRECISIONS
     from vla_scale.models.interface import POLICY_FAMILIES
     from vla_scale.models.kernels import KERNELS
+    from vla_scale.models.pi0.rollout import STOCHASTIC_STEPS as PI0_STOCHASTIC_STEPS
     from vla_scale.models.pi0.spec import NORM_CONVENTIONS as PI0_NORM_CONVENTIONS
     from vla_scale.models.pi0.spec import NORMALIZATIONS as PI0_NORMALIZATIONS
     from vla_scale.models.pi0.spec import PRESETS as PI0_PRESETS
@@ -48,6 +49,7 @@ def choices() -> dict[str, tuple[Any, ...]]:
         "model.pi0.preset": tuple(PI0_PRESETS),
         "model.pi0.normalization": ("", *PI0_NORMALIZATIONS),
         "model.pi0.norm_convention": ("", *PI0_NORM_CONVENTIONS),
+        "model.pi0.stochastic_steps": PI0_STOCHASTIC_STEPS,
         "deepspeed.zero_stage": (0, 1, 2, 3),
         "rollout.precision": PRECISIONS,
         "record.episodes": ("all", "successes"),

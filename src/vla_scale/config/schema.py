@@ -69,6 +69,9 @@ class Pi0ModelConfig:
     """RL's Flow-SDE noise level a (objectives/flow_sde.py): the rollout of launch/train.py makes one denoising step per
     chunk, drawn at random, a Gaussian transition of std a * sqrt(t / (1 - t)) * sqrt(|dt|) (πRL's mixed ODE-SDE
     sampling); its log-prob is what GRPO trains. Evaluation decodes noise-free whatever it is."""
+    stochastic_steps: str = "one"
+    """Which denoising steps of an RL rollout's chain are Flow-SDE transitions: one per chunk, drawn at random (πRL's
+    mixed ODE-SDE sampling), or all K of them (more exploration; the chunk's log-prob sums every step's)."""
 
 
 @dataclass

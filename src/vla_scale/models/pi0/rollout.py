@@ -16,11 +16,12 @@ horizon by default), which the env plays before the next decode.
 For RL (`greedy=False`, launch/train.py's rollout) it samples a Flow-SDE chain instead (`Pi0Policy.sample_chain`,
 πRL's mixed ODE-SDE sampling): from the same noise, one of the K denoising steps per chunk, drawn uniformly with the
 engine's generator, is a Gaussian transition of the noise level `model.pi0.noise_level`, the others plain Euler
-steps. Its log-prob is one number per chunk (RLinf's chunk_level): the stochastic step's Gaussian log-prob summed
-over the chunk's played steps (`actions_per_chunk`) and the robot's action dims (`chunk_mask`); all of them count,
-even where the episode ended inside the chunk, as the chunk is the action taken. `Decoded.sampled` keeps what the
-update needs to compute it again (`Pi0Scorer`): the chain float32[B, K + 1, H, D], the stochastic step int64[B] and
-the noise level float32[B]. The sampling temperature does not apply (the noise level plays its part).
+steps (`model.pi0.stochastic_steps=all`: every step a transition). Its log-prob is one number per chunk (RLinf's
+chunk_level): the stochastic steps' Gaussian log-probs summed over the chunk's played steps (`actions_per_chunk`) and
+the robot's action dims (`chunk_mask`); all of them count, even where the episode ended inside the chunk, as the
+chunk is the action taken. `Decoded.sampled` keeps what the update needs to compute it again (`Pi0Scorer`): the
+chain float32[B, K + 1, H, D], which steps were stochastic bool[B, K] and the noise level float32[B]. The sampling
+temperature does not apply (the noise level plays its part).
 
 `Decoded.tokens` holds the played normalised actions (float32[B, chunk*action_dim], as the OFT l1 head's values),
 which nothing scores; noise-free, `Decoded.logprobs` is zeros [B, 1].
@@ -122,6 +123,10 @@ def chunk_mask(spec: Pi0Spec, env_action_dim: int, actions_per_chunk: int) -> Te
     return action_mask(spec.action_horizon, spec.action_dim, env_action_dim) & played[:, None]
 
 
+STOCHASTIC_STEPS = ("one", "all")
+"""`model.pi0.stochastic_steps`: one random Flow-SDE step per chunk (πRL's mixed ODE-SDE sampling), or all K."""
+
+
 def one_stochastic_step(step: Tensor, num_steps: int) -> Tensor:
     """bool[B, K]: True at each row's stochastic step `step` int64[B]."""
     return F.one_hot(step, num_steps).bool()
@@ -132,9 +137,11 @@ class Pi0Decoder:
     (module docstring)."""
 
     def __init__(self, normalizer: Pi0Normalizer | None, env_action_dim: int, actions_per_chunk: int,
-                 noise_level: float = 0.5):
+                 noise_level: float = 0.5, stochastic_steps: str = "one"):
+        if stochastic_steps not in STOCHASTIC_STEPS:
+            raise ValueError(f"stochastic_steps={stochastic_steps!r}: choose one of {STOCHASTIC_STEPS}")
         self.normalizer, self.env_action_dim, self.actions_per_chunk = normalizer, env_action_dim, actions_per_chunk
-        self.noise_level = noise_level
+        self.noise_level, self.stochastic_steps = noise_level, stochastic_steps
 
     def normalized_actions(self, policy: nn.Module, batch: Pi0Inputs, generator: torch.Generator) -> torch.Tensor:
         """`Pi0Policy.sample_actions` from noise drawn with `generator`: float32 [B, H, action_dim], normalised."""
@@ -148,16 +155,18 @@ class Pi0Decoder:
         actions = normalized if self.normalizer is None else self.normalizer.unnormalize("actions", normalized)
         return np.asarray(actions[:, : self.actions_per_chunk, : self.env_action_dim], dtype=np.float64)
 
-    def sample_chain(self, policy: Pi0Policy, batch: Pi0Inputs, generator: torch.Generator) -> tuple[FlowChain, Tensor]:
-        """A Flow-SDE chain per row with one stochastic step, drawn with `generator` (the noise, then the steps, then
-        the steps' draws), and the steps int64[B]."""
+    def sample_chain(self, policy: Pi0Policy, batch: Pi0Inputs, generator: torch.Generator) -> FlowChain:
+        """A Flow-SDE chain per row, drawn with `generator` (the noise, then the stochastic step of each row, then
+        the steps' draws): one stochastic step, or all of them (`stochastic_steps`)."""
         rows, device, steps = len(batch.state), batch.state.device, policy.spec.num_steps
         noise = policy.sample_noise(rows, device, generator)
-        step = torch.randint(steps, (rows,), generator=generator, device=device)
+        if self.stochastic_steps == "all":
+            stochastic = torch.ones(rows, steps, dtype=torch.bool, device=device)
+        else:
+            stochastic = one_stochastic_step(torch.randint(steps, (rows,), generator=generator, device=device), steps)
         mask = chunk_mask(policy.spec, self.env_action_dim, self.actions_per_chunk).to(device)
-        chain = policy.sample_chain(batch, noise, self.noise_level, generator=generator,
-                                    stochastic=one_stochastic_step(step, steps), mask=mask)
-        return chain, step
+        return policy.sample_chain(batch, noise, self.noise_level, generator=generator, stochastic=stochastic,
+                                   mask=mask)
 
     @staticmethod
     def fast_forward(policy: nn.Module, compile: bool, fp8: Any) -> None:
@@ -176,10 +185,11 @@ class Pi0Decoder:
         if greedy:
             normalized_t, logprobs, sampled = self.normalized_actions(policy, batch, generator), None, {}
         else:
-            chain, step = self.sample_chain(policy, batch, generator)
+            chain = self.sample_chain(policy, batch, generator)
             normalized_t, logprobs = chain.actions, chain.logprobs.sum(dim=1, keepdim=True)
-            level = np.full(len(step), self.noise_level, dtype=np.float32)
-            sampled = {"chain": chain.chain.cpu().numpy(), "step": step.cpu().numpy(), "noise_level": level}
+            level = np.full(len(chain.actions), self.noise_level, dtype=np.float32)
+            sampled = {"chain": chain.chain.cpu().numpy(), "stochastic": chain.stochastic.cpu().numpy(),
+                       "noise_level": level}
         normalized = normalized_t.cpu().numpy()
         played = normalized[:, : self.actions_per_chunk, : self.env_action_dim]
         tokens = np.ascontiguousarray(played.reshape(len(played), -1), dtype=np.float32)
@@ -189,8 +199,8 @@ class Pi0Decoder:
 
 class Pi0Scorer:
     """The actor's side of the chain (`ChunkScorer`): a recorded chunk's log-prob again, with gradients, as the
-    rollout computed it (`Pi0Policy.chain_logprobs` on the stochastic step, summed over `chunk_mask`), and the
-    entropy of that step's Gaussian over the same elements."""
+    rollout computed it (`Pi0Policy.chain_logprobs` on the stochastic steps, summed over `chunk_mask`), and the
+    entropy of those steps' Gaussians over the same elements."""
 
     def __init__(self, spec: Pi0Spec, env_action_dim: int, actions_per_chunk: int):
         self.spec, self.mask = spec, chunk_mask(spec, env_action_dim, actions_per_chunk)
@@ -206,19 +216,18 @@ class Pi0Scorer:
         if "chain" not in sampled:
             raise ValueError("the rollout recorded no Flow-SDE chain to score (Decoded.sampled was empty: a "
                              "noise-free decode)")
-        chain, step = sampled["chain"].to(device), sampled["step"].to(device)
+        chain, stochastic = sampled["chain"].to(device), sampled["stochastic"].to(device).bool()
         level = sampled["noise_level"].to(device)
         mask = self.mask.to(device)
-        out = forward(inputs.on(device), chain=chain, noise_level=level,
-                      stochastic=one_stochastic_step(step, chain.shape[1] - 1), mask=mask, **critic)
+        out = forward(inputs.on(device), chain=chain, noise_level=level, stochastic=stochastic, mask=mask, **critic)
         steps, values = out if critic else (out, None)
-        return steps.sum(dim=1, keepdim=True), self.entropy(step, level, chain.shape[1] - 1, mask).detach, values
+        return steps.sum(dim=1, keepdim=True), self.entropy(stochastic, level, mask).detach, values
 
     @staticmethod
-    def entropy(step: Tensor, level: Tensor, num_steps: int, mask: Tensor) -> Tensor:
-        """The stochastic step's Gaussian entropy float32[B, 1], summed over the mask's elements (it depends on the
-        step's time and the noise level, not on the weights)."""
-        times, dt = euler_times(num_steps, step.device)
-        std = sde_sigma(times[step], dt, level) * dt.abs().sqrt()
-        per_element = 0.5 * (1.0 + math.log(2.0 * math.pi)) + torch.log(std)
-        return (per_element * mask.sum()).float()[:, None]
+    def entropy(stochastic: Tensor, level: Tensor, mask: Tensor) -> Tensor:
+        """The stochastic steps' Gaussian entropies float32[B, 1], summed over the steps and the mask's elements
+        (they depend on the steps' times and the noise level, not on the weights)."""
+        times, dt = euler_times(stochastic.shape[1], stochastic.device)
+        std = sde_sigma(times[None, :], dt, level[:, None]) * dt.abs().sqrt()  # [B, K]
+        per_element = torch.where(stochastic, 0.5 * (1.0 + math.log(2.0 * math.pi)) + torch.log(std), 0.0)
+        return (per_element.sum(dim=1) * mask.sum()).float()[:, None]

@@ -54,6 +54,8 @@ class Pi0Source:
         self._policy: Pi0Policy | None = None
         self.noise_level = 0.5
         """RL's Flow-SDE noise level (`model.pi0.noise_level`)."""
+        self.stochastic_steps = "one"
+        """Which steps of RL's Flow-SDE chain are stochastic (`model.pi0.stochastic_steps`)."""
         self.kernels = "eager"
         """The kernels every policy it builds runs (`model.kernels`, `models/kernels.py`)."""
 
@@ -156,7 +158,7 @@ class Pi0Source:
         from vla_scale.models.pi0.rollout import Pi0Decoder
 
         return Pi0Decoder(self.normalizer(), simulator(self.env).action_dim, self.actions_per_chunk,
-                          self.noise_level)
+                          self.noise_level, self.stochastic_steps)
 
     def chunk_scorer(self) -> Pi0Scorer:
         """What the actor scores the rollout's chains with: their log-probs again, with gradients."""
@@ -227,7 +229,8 @@ class Pi0Source:
                  "actions": norm_stats_of(np.concatenate([e.actions for e in episodes]))}
         source = Pi0Source(self.spec, self.tokenizer, self.env, f"{self.source} + norm stats {key!r}", stats, key,
                            self.weights, self.weights_asset, self._actions_per_chunk)
-        source.noise_level, source.kernels = self.noise_level, self.kernels
+        source.noise_level, source.stochastic_steps, source.kernels = (self.noise_level, self.stochastic_steps,
+                                                                        self.kernels)
         return source
 
     def demonstrations(self, episodes: Sequence[Episode], augmentation: str = "auto") -> Pi0Demonstrations:
