@@ -1,6 +1,6 @@
 """The layers `model.kernels=liger` swaps, eager beside Liger Kernel's, forward + backward at the policies' shapes.
 
-    python benchmarks/kernels.py [--batch 4] [--seq 600] [--iters 20]
+    python benchmarks/fused_kernels.py [--batch 4] [--seq 600] [--iters 20]
 
 bf16 on one CUDA GPU (needs liger-kernel: `pip install -e '.[kernels]'`). Shapes: OpenVLA-OFT 7B's Llama (width 4096,
 MLP 11008, 32 heads of 128) over `--seq` positions, and π0's PaliGemma Gemma (width 2048, MLP 16384, 8 query heads
@@ -192,7 +192,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     args = parser.parse_args()
     if not torch.cuda.is_available() or importlib.util.find_spec("liger_kernel") is None:
-        raise SystemExit("benchmarks/kernels.py times Liger Kernel's Triton kernels: it needs a CUDA GPU and "
+        raise SystemExit("benchmarks/fused_kernels.py times Liger Kernel's Triton kernels: it needs a CUDA GPU and "
                          "liger-kernel (pip install -e '.[kernels]')")
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, liger-kernel {version('liger-kernel')}, bf16, "
