@@ -177,11 +177,13 @@ def test_sft_rl_runs_the_mt10_recipe_and_reports_each_task(tmp_path):
     rows = [line for line in lines if line.startswith("| reach-v3") or line.startswith("| push-v3")]
     assert len(rows) == 2 and all(re.fullmatch(r"\| \S+ \| \d\.\d\d -> \d\.\d\d \|", r) for r in rows), rows
 
-    # the same seed again (deterministic=true in every command): the same fine-tuned and RL weights, bit for bit
+    # the same seed again on the same demonstrations (deterministic=true in every command): the same fine-tuned and
+    # RL weights, bit for bit
     again = tmp_path / "again"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sft_rl.py"), "--dry-run", "--env",
-                           "metaworld_mt10", "--family", "pi0", "--algo", "grpo", "--seeds", "3", "--out",
-                           str(again)], cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=900)
+                           "metaworld_mt10", "--family", "pi0", "--algo", "grpo", "--seeds", "3", "--demos-from",
+                           str(tmp_path), "--out", str(again)], cwd=ROOT, env=script_env(), capture_output=True,
+                          text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1].rsplit(" minutes=")[0] == lines[-1].rsplit(" minutes=")[0]
     for phase in ("sft", "rl"):
