@@ -22,8 +22,11 @@ then the update alone on the last step's samples with its MFU: three forward-equ
 own forward (the prefix and the stochastic step's suffix pass, counted by FlopCounterMode; nan where that counter
 does not take grouped-query attention, as on the GPU).
 
-Last line: `pi0_scale: model=<m> decode_s=<ours> openpi_s=<openpi eager, or nan> ratio=<openpi / ours>
-step_s=<mean, or nan> peak_gib=<the steps' peak>`.
+`--kernels liger` runs our policy with Liger Kernel's Triton kernels (`model.kernels`, models/kernels.py).
+
+Last line: `pi0_scale: model=<m> kernels=<k> decode_s=<ours> openpi_s=<openpi eager, or nan> ratio=<openpi / ours>
+step_s=<mean, or nan> peak_gib=<the steps' peak> vs_openpi_compiled=<openpi compiled / ours, or nan>
+vs_openpi_eager=<openpi eager / ours, or nan>`.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from vla_scale.models.kernels import KERNELS, use_kernels
 from vla_scale.models.pi0.policy import Pi0Inputs, Pi0Policy
 from vla_scale.models.pi0.spec import PRESETS, Pi0Spec
 
@@ -60,6 +64,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed decodes first")
     p.add_argument("--openpi", default="", help="DIR with openpi's source (DIR/src/openpi) and the wheels (DIR/wheels)")
     p.add_argument("--openpi-compile", action="store_true", help="openpi's decode compiled too (max-autotune)")
+    p.add_argument("--kernels", default="eager", choices=KERNELS, help="model.kernels for our policy")
     p.add_argument("--steps", type=int, default=2, help="timed RL steps (0: the decode only)")
     p.add_argument("--groups", type=int, default=12)
     p.add_argument("--group-size", type=int, default=8)
@@ -119,7 +124,7 @@ def ours_decode(args: argparse.Namespace, device: torch.device, case_dir: Path |
     spec = spec_of(args)
     torch.manual_seed(0)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    policy = Pi0Policy.from_spec(spec, dtype=dtype, device=str(device)).eval()
+    policy = use_kernels(Pi0Policy.from_spec(spec, dtype=dtype, device=str(device)).eval(), args.kernels)
     inputs, noise = decode_case(spec, args.batch, device)
     with torch.no_grad():
         actions = policy.sample_actions(inputs, noise.clone()).float().cpu()
@@ -195,7 +200,8 @@ def rl_steps(args: argparse.Namespace) -> list[dict]:
 
     substeps = rl_step.substeps_for(args.sim_ms)
     extra = [f"model.pi0.tokenizer={TOKENIZER}", f"model.pi0.action_horizon={args.horizon}",
-             f"model.pi0.num_steps={args.num_steps}", *(["model.pi0.max_token_len=24"] if args.dry_run else [])]
+             f"model.pi0.num_steps={args.num_steps}", f"model.kernels={args.kernels}",
+             *(["model.pi0.max_token_len=24"] if args.dry_run else [])]
     cfg = rl_step.trainer_config(args, substeps, shrink=False, extra=extra)
     cap = rl_step.cap_memory(args.memory_gib) if args.memory_gib else "no memory cap"
     start = time.perf_counter()
@@ -249,7 +255,7 @@ def main(args: argparse.Namespace) -> None:
                  f"{len(ours['sample_actions'])} | 0 |")
     lines.append(f"| ours sample_chain (Flow-SDE) | {statistics.median(ours['sample_chain']):.4f} | "
                  f"{len(ours['sample_chain'])} | |")
-    openpi_s = float("nan")
+    openpi_s = {False: float("nan"), True: float("nan")}
     for compiled in ((False, True) if args.openpi_compile else (False,)) if case_dir else ():
         result = openpi_decode(args, case_dir, compiled)
         label = f"openpi sample_actions ({'compiled' if compiled else 'eager'})"
@@ -261,8 +267,7 @@ def main(args: argparse.Namespace) -> None:
                      f"{diff:.3g} |")
         print(f"{label}: built in {result['build_s']:.1f}s, transformers {result['transformers']}, torch "
               f"{result['torch']}, {result['device']}", flush=True)
-        if not compiled:
-            openpi_s = statistics.median(result["seconds"])
+        openpi_s[compiled] = statistics.median(result["seconds"])
     decode_s = statistics.median(ours["sample_actions"])
     print(f"\ndecode: model={args.model} batch={args.batch} K={args.num_steps} horizon={args.horizon} on {device} "
           f"(peak {ours['peak_gib']:.1f} GiB)\n" + "\n".join(lines), flush=True)
@@ -276,8 +281,10 @@ def main(args: argparse.Namespace) -> None:
             print(f"| {r['step_s']:.2f} | {r['time/rollout_s']:.2f} | {r['time/update_s']:.2f} | "
                   f"{r['time/sync_s']:.2f} | {r['train/samples']:.0f} | {r['memory/rollout_peak_gib']:.1f} / "
                   f"{r['memory/update_peak_gib']:.1f} / {r['memory/sync_peak_gib']:.1f} |")
-    print(f"pi0_scale: model={args.model} decode_s={decode_s:.4f} openpi_s={openpi_s:.4f} "
-          f"ratio={openpi_s / decode_s:.2f} step_s={step_s:.2f} peak_gib={peak:.1f}", flush=True)
+    print(f"pi0_scale: model={args.model} kernels={args.kernels} decode_s={decode_s:.4f} "
+          f"openpi_s={openpi_s[False]:.4f} ratio={openpi_s[False] / decode_s:.2f} step_s={step_s:.2f} "
+          f"peak_gib={peak:.1f} vs_openpi_compiled={openpi_s[True] / decode_s:.2f} "
+          f"vs_openpi_eager={openpi_s[False] / decode_s:.2f}", flush=True)
 
 
 if __name__ == "__main__":

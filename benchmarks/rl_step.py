@@ -37,6 +37,13 @@ the same update runs alone on the last step's samples (the update's own figure, 
 Each phase's peak GPU memory is in the table (rollout, update, sync; the step's peak is the largest). Last line:
 `rl_step: step_speedup=<x.xx> rollout_speedup=<y.yy> update_mfu=<z.zz> peak_gib=<m>` (peak_gib: our way's).
 
+The pair in two calls, each under a device call's limit (the anchors' way alone takes ~5 min and ~119 GiB):
+`--only-anchors --json A.json` runs only the anchors' way and writes its rows (last line `rl_step anchors: step_s=...
+rollout_s=... device=... json=...`); `--anchors-from A.json` then runs our way only and prints the speedups against
+those rows. The two must time the same shape (`SHAPE_KEYS`: model, groups, group size, episode length, simulator
+cost, workers, simulators, LoRA rank), which is checked before anything is built; our way's own settings (memory cap,
+stages, micro-batch, staleness) may differ. The file records the card it ran on.
+
 `--action-head l1` runs our way with the L1-regression head and its Gaussian (`model.action_head=l1`, a fresh head
 at the model's shape) instead of the LM head's bins; the anchors' way is then left out (they cannot train that head),
 so the two heads are compared by two runs of the same command, `--only-ours`, one per head.
@@ -117,6 +124,10 @@ def parse() -> argparse.Namespace:
     p.add_argument("--lora-rank", type=int, default=0,
                    help="train LoRA adapters of this rank (model.lora.rank; both ways), 0: full-parameter")
     p.add_argument("--only-ours", action="store_true", help="our way only (no anchors' steps, no speedups)")
+    p.add_argument("--only-anchors", action="store_true",
+                   help="the anchors' way only, its rows written to --json for a later --anchors-from")
+    p.add_argument("--anchors-from", default="", metavar="JSON",
+                   help="our way only, the speedups against the anchors' rows of an --only-anchors run's --json")
     p.add_argument("--update-sweep", type=int, nargs="*", default=None, metavar="SAMPLES",
                    help="after the warm-up steps, only our update alone at each of these micro-batch sizes")
     p.add_argument("--max-staleness", type=int, default=0, choices=(0, 1),
@@ -135,7 +146,47 @@ def parse() -> argparse.Namespace:
                         "parameters; for a model with timm towers (oft_7b), which do not shrink, its plan and memory "
                         "arithmetic at its size instead, no weight built")
     p.add_argument("--json", default="", help="write every figure here too")
-    return p.parse_args()
+    args = p.parse_args()
+    args.shape = {k: getattr(args, k) for k in SHAPE_KEYS} | {"dry_run": args.dry_run}  # as asked, before a dry run
+    problem = split_problem(args)
+    if problem:
+        p.error(problem)
+    return args
+
+
+SHAPE_KEYS = ("model", "groups", "group_size", "max_steps", "sim_ms", "workers", "sims", "lora_rank")
+"""What must match between an --only-anchors run and the --anchors-from run that reads its rows."""
+
+
+def split_problem(args: argparse.Namespace) -> str | None:
+    """Why the pair of calls `--only-anchors` / `--anchors-from` cannot run as asked (None when it can), before
+    anything is built."""
+    if args.only_anchors:
+        if args.only_ours or args.anchors_from:
+            return "--only-anchors runs the anchors' way alone: leave out --only-ours and --anchors-from"
+        if args.action_head != "tokens" or args.algo != "grpo" or args.rollout_sweep is not None \
+                or args.update_sweep is not None:
+            return ("--only-anchors times the anchors' GRPO steps with the LM head's bins: leave out --action-head, "
+                    "--algo, --rollout-sweep and --update-sweep")
+        if not args.json:
+            return "--only-anchors writes its rows for a later --anchors-from: give --json FILE"
+    if not args.anchors_from:
+        return None
+    path = Path(args.anchors_from)
+    try:
+        saved = json.loads(path.read_text())
+        anchors = [r for r in saved["rows"] if r["way"] == "anchors"]
+        shape = saved["shape"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"--anchors-from {path}: not the --json of an --only-anchors run ({err!r}); run one first"
+    if not anchors:
+        return f"--anchors-from {path}: it holds no anchors' rows; write it with --only-anchors --json {path}"
+    differ = [f"--{k.replace('_', '-')} {shape.get(k)} there, {v} here" for k, v in args.shape.items()
+              if shape.get(k) != v]
+    if differ:
+        return f"--anchors-from {path} timed another shape: {'; '.join(differ)}. Give this run the same"
+    args.only_ours = True
+    return None
 
 
 def trainer_config(args: argparse.Namespace, substeps: int, gpu: bool | None = None,
@@ -660,6 +711,20 @@ def print_plan(args: argparse.Namespace, cfg: Config) -> bool:
     return ok
 
 
+def anchors_alone(args: argparse.Namespace, rows: list[dict], setup_s: float, substeps: int, rate: float,
+                  flops: float) -> None:
+    """The --only-anchors run's end: its table, its rows in --json (for --anchors-from) and its last line."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    print("\n" + table(rows))
+    with open(args.json, "w") as f:
+        json.dump({"args": vars(args), "shape": args.shape, "device": device, "setup_s": setup_s, "substeps": substeps,
+                   "matmul_flops": rate, "forward_flops": flops, "rows": rows}, f, indent=1)
+    step_s = float(np.mean([r["step_s"] for r in rows]))
+    rollout_s = float(np.mean([r["rollout_wall_s"] for r in rows]))
+    print(f"rl_step anchors: step_s={step_s:.2f} rollout_s={rollout_s:.2f} device={device.replace(' ', '_')} "
+          f"json={args.json}", flush=True)
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(fmt.format(r[key]) for key, _, fmt in COLUMNS) + " |" for r in rows]
@@ -727,7 +792,7 @@ def main(args: argparse.Namespace) -> None:
     flops = 0.0
     ours_fleet, ours_loop = trainer.fleet, trainer.loop
     samples_per_step = cfg.algo.batch_size * cfg.algo.group_size * trainer.max_chunks
-    for way in ("ours",) if args.only_ours else ("ours", "anchors"):
+    for way in ("ours",) if args.only_ours else ("anchors",) if args.only_anchors else ("ours", "anchors"):
         if way == "anchors":
             if cap:
                 print(cap_memory(0) + " (the anchors' way)", flush=True)
@@ -764,6 +829,10 @@ def main(args: argparse.Namespace) -> None:
             ours_loop.cancel_prefetch()
             trainer.next_specs = None
             precision_rows(trainer, cfg, args.stages)
+    if args.only_anchors:
+        trainer.close()
+        anchors_alone(args, rows, setup_s, substeps, rate, flops)
+        return
     use_update_settings(trainer, cfg)
     if cap:
         print(cap_memory(args.memory_gib) + " (our update alone)", flush=True)
@@ -772,6 +841,11 @@ def main(args: argparse.Namespace) -> None:
     alone_mfu = passes(cfg) * flops * samples / alone_s / rate
     trainer.close()
 
+    if args.anchors_from:
+        saved = json.loads(Path(args.anchors_from).read_text())
+        rows += [r for r in saved["rows"] if r["way"] == "anchors"]
+        print(f"the anchors' rows from {args.anchors_from} ({saved.get('device', 'device not recorded')})",
+              flush=True)
     ours = [r for r in rows if r["way"] == "ours"]
     anchors = [r for r in rows if r["way"] == "anchors"]
 

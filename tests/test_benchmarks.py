@@ -257,8 +257,8 @@ def test_pi0_scale_dry_run_decodes_and_plays_an_rl_step():
     assert any(line.startswith("| ours sample_actions | ") for line in lines)
     assert any(line.startswith("| ours sample_chain (Flow-SDE) | ") for line in lines)
     assert any(line.startswith("update alone on ") for line in lines)
-    assert re.fullmatch(r"pi0_scale: model=pi0_tiny decode_s=\d+\.\d{4} openpi_s=nan ratio=nan step_s=\d+\.\d\d "
-                        r"peak_gib=nan", lines[-1])
+    assert re.fullmatch(r"pi0_scale: model=pi0_tiny kernels=eager decode_s=\d+\.\d{4} openpi_s=nan ratio=nan "
+                        r"step_s=\d+\.\d\d peak_gib=nan vs_openpi_compiled=nan vs_openpi_eager=nan", lines[-1])
 
 
 def test_sim_fleet_steps_meta_world_beside_pick_place():
@@ -272,3 +272,33 @@ def test_sim_fleet_steps_meta_world_beside_pick_place():
     for line in lines:
         assert re.fullmatch(r"sim_fleet: env=\S+ sims=2 procs=1 resolution=32 env_steps_per_s=[\d.]+", line), line
         assert float(line.rsplit("=", 1)[1]) > 0
+
+
+def test_rl_step_pair_in_two_calls_the_anchors_alone_then_ours_against_their_rows(tmp_path):
+    saved = tmp_path / "anchors.json"
+    lines = rl_step("--only-anchors", "--micro-batch", "4", "--json", str(saved))
+    assert re.fullmatch(r"rl_step anchors: step_s=\d+\.\d\d rollout_s=\d+\.\d\d device=cpu json=\S+", lines[-1])
+    assert not any(line.startswith("| ours |") for line in lines)
+    assert [r["way"] for r in json.loads(saved.read_text())["rows"]] == ["anchors"]
+    lines = rl_step("--anchors-from", str(saved), "--micro-batch", "4", "--memory-gib", "80")
+    assert re.fullmatch(r"rl_step: step_speedup=\d+\.\d\d rollout_speedup=\d+\.\d\d update_mfu=\d+\.\d\d "
+                        r"peak_gib=(nan|\d+\.\d)", lines[-1]), lines[-1]
+    rows = [line.split("|")[1].strip() for line in lines if line.startswith(("| ours |", "| anchors |"))]
+    assert rows.count("ours") == 2 and rows.count("anchors") == 1  # ours as it ran and in the table; theirs read
+    assert any(f"the anchors' rows from {saved} (cpu)" in line for line in lines)
+
+
+def test_rl_step_pair_refuses_before_building_what_cannot_be_compared(tmp_path):
+    saved = tmp_path / "anchors.json"
+    shape = {"model": "tiny", "groups": 12, "group_size": 8, "max_steps": 64, "sim_ms": 0.0, "workers": 2, "sims": 6,
+             "lora_rank": 0, "dry_run": False}
+    saved.write_text(json.dumps({"shape": shape, "rows": [{"way": "anchors", "step_s": 1.0}]}))
+    script = [sys.executable, str(ROOT / "benchmarks" / "rl_step.py"), "--model", "tiny"]
+    cases = [(["--anchors-from", str(saved), "--groups", "3"], "--groups 12 there, 3 here. Give this run the same"),
+             (["--anchors-from", str(tmp_path / "missing.json")], "not the --json of an --only-anchors run"),
+             (["--only-anchors"], "give --json FILE"),
+             (["--only-anchors", "--only-ours", "--json", str(saved)], "leave out --only-ours")]
+    for extra, says in cases:
+        proc = subprocess.run([*script, *extra], cwd=ROOT, env=script_env(), capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 2 and says in proc.stderr, (extra, proc.stderr[-2000:])
