@@ -19,8 +19,8 @@ ZeRO-3 actor under zero3_bf16, the rollout engine on the same GPU, the reach tas
 kept), with this family's model (a fresh one of the preset, the parity fixture's tokenizer; chunks of `--horizon`).
 One warm-up step, then `--steps` timed ones under `--memory-gib` (rollout, update, sync, peak memory per phase),
 then the update alone on the last step's samples with its MFU: three forward-equivalents per sample of the update's
-own forward (the prefix and the stochastic step's suffix pass, counted by FlopCounterMode; nan where that counter
-does not take grouped-query attention, as on the GPU).
+own forward (the prefix and the stochastic step's suffix pass, counted by FlopCounterMode with the attention spelled
+out as matmuls while it counts, `attention_as_matmuls`: the same multiply-adds, in a form the counter takes).
 
 `--kernels liger` runs our policy with Liger Kernel's Triton kernels (`model.kernels`, models/kernels.py).
 
@@ -40,6 +40,8 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -190,6 +192,30 @@ def openpi_decode(args: argparse.Namespace, case_dir: Path, compiled: bool) -> d
     return result
 
 
+@contextmanager
+def attention_as_matmuls() -> Iterator[None]:
+    """The backbone's attention as two batched matmuls around a float32 softmax, the keys' and values' heads repeated
+    per query head, while FLOPs are counted: torch's counter has no formula for the CPU's fused attention kernel and
+    asserts equal head counts for the GPU's, and grouped-query attention does the same multiply-adds as this form
+    (what it shares is memory, not arithmetic)."""
+    from vla_scale.models.pi0 import backbone
+
+    fused = backbone.attend
+
+    def as_matmuls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scaling: float):
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        scores = (q @ k.transpose(-1, -2)).float() * scaling + mask.float()
+        out = (scores.softmax(-1).to(v.dtype) @ v).transpose(1, 2)
+        return out.reshape(*out.shape[:2], -1)
+
+    backbone.attend = as_matmuls
+    try:
+        yield
+    finally:
+        backbone.attend = fused
+
+
 def rl_steps(args: argparse.Namespace) -> list[dict]:
     """The trainer's steps as rl_step times ours, then the update alone; one row each. (Imported here: the decode
     alone needs neither Ray nor Hydra.)"""
@@ -225,12 +251,9 @@ def rl_steps(args: argparse.Namespace) -> list[dict]:
     micro = plan.minis[0].micro_batches[0]
     from torch.utils.flop_counter import FlopCounterMode
 
-    try:
-        with FlopCounterMode(display=False) as counter:
-            trainer.actor._old_logprobs(micro)
-        flops = counter.get_total_flops() / len(micro.mask)
-    except AssertionError:  # torch's counter does not take grouped-query attention (fewer key heads) on the GPU
-        flops = float("nan")
+    with FlopCounterMode(display=False) as counter, attention_as_matmuls():
+        trainer.actor._old_logprobs(micro)
+    flops = counter.get_total_flops() / len(micro.mask)
     alone_s, alone_peak = rl_step.update_alone(trainer)
     samples = sum(len(t) for g in trainer.last_batch.groups for t in g)
     mfu = rl_step.passes(cfg) * flops * samples / alone_s / rate

@@ -302,3 +302,28 @@ def test_rl_step_pair_refuses_before_building_what_cannot_be_compared(tmp_path):
         proc = subprocess.run([*script, *extra], cwd=ROOT, env=script_env(), capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 2 and says in proc.stderr, (extra, proc.stderr[-2000:])
+
+
+def test_pi0_scale_counts_the_grouped_query_attention_as_matmuls_of_the_same_result():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import pi0_scale
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vla_scale.models.pi0 import backbone
+    from vla_scale.models.pi0.policy import Pi0Policy
+    from vla_scale.models.pi0.spec import PRESETS
+
+    spec = PRESETS["pi0_tiny"]()
+    assert spec.paligemma.num_kv_heads < spec.paligemma.num_heads  # grouped-query attention
+    torch.manual_seed(0)
+    policy = Pi0Policy.from_spec(spec).eval()
+    inputs, noise = pi0_scale.decode_case(spec, 2, torch.device("cpu"))
+    fused = backbone.attend
+    with torch.no_grad(), FlopCounterMode(display=False) as plain:
+        actions = policy.sample_actions(inputs, noise.clone())
+    with torch.no_grad(), FlopCounterMode(display=False) as spelled, pi0_scale.attention_as_matmuls():
+        assert backbone.attend is not fused
+        spelled_actions = policy.sample_actions(inputs, noise.clone())
+    assert backbone.attend is fused
+    torch.testing.assert_close(spelled_actions, actions, rtol=0, atol=1e-5)
+    assert spelled.get_total_flops() > plain.get_total_flops()  # the attention's matmuls, uncounted in the fused kernel
