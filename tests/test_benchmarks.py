@@ -327,3 +327,16 @@ def test_pi0_scale_counts_the_grouped_query_attention_as_matmuls_of_the_same_res
     assert backbone.attend is fused
     torch.testing.assert_close(spelled_actions, actions, rtol=0, atol=1e-5)
     assert spelled.get_total_flops() > plain.get_total_flops()  # the attention's matmuls, uncounted in the fused kernel
+
+
+def test_goal_pixels_counts_the_goal_site_growing_with_the_resolution():
+    pytest.importorskip("metaworld", reason="Meta-World is not installed: `make metaworld`")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "goal_pixels.py"), "--suite", "reach-v3",
+                           "--resolutions", "64", "128", "--placements", "1"], cwd=ROOT, env=script_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    low, high = (re.fullmatch(rf"goal_pixels: resolution={r} median=(\d+) min=(\d+)", line)
+                 for r, line in zip((64, 128), lines[-2:], strict=True))
+    assert low and high and 0 < int(low[1]) < int(high[1])
+    assert re.fullmatch(r"\| reach-v3 \| \d+ \| \d+ \|", lines[2])
