@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from vla_scale.config import ConfigError, EnvConfig, ModelConfig
+from vla_scale.config.schema import Pi0ModelConfig
 from vla_scale.envs.registry import simulator
 from vla_scale.models.checkpoint_io import step_folder
 from vla_scale.models.kernels import kernels_problem
@@ -286,11 +287,18 @@ def pi0_source_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[
         source = Pi0Source.fresh(spec, model.pi0.tokenizer, env.name, f"a fresh model={model.name}")
     except (OSError, ValueError) as err:
         raise ConfigError(f"model.pi0.tokenizer={model.pi0.tokenizer!r} / model.pi0.*: {err}") from err
-    source.noise_level, source.stochastic_steps = model.pi0.noise_level, model.pi0.stochastic_steps
+    rl_settings(source, model.pi0)
     problems = source.check_env(env)
     if problems:
         raise ConfigError("the policy does not fit the env:\n  - " + "\n  - ".join(problems))
     return source
+
+
+def rl_settings(source: Pi0Source, pi0: Pi0ModelConfig) -> None:
+    """The `model.pi0.*` keys of RL's stochastic chain onto `source` (how its decoder samples, what its policies
+    hold)."""
+    source.noise_level, source.stochastic_steps, source.rl_noise = pi0.noise_level, pi0.stochastic_steps, pi0.rl_noise
+    source.noise_std = (pi0.noise_std_min, pi0.noise_std_max)
 
 
 PI0_SHAPE_KEYS = ("preset", "action_horizon", "action_dim", "max_token_len", "normalization", "image_size",
@@ -314,7 +322,7 @@ def pi0_checkpoint_source(model: ModelConfig, env: EnvConfig, explicit: Collecti
     for key in ("num_steps", "norm_convention"):  # how the folder's policy samples and normalises, not its shapes
         if getattr(model.pi0, key):
             source.spec = replace(source.spec, **{key: getattr(model.pi0, key)})
-    source.noise_level, source.stochastic_steps = model.pi0.noise_level, model.pi0.stochastic_steps
+    rl_settings(source, model.pi0)
     env_problems = source.check_env(env)
     if env_problems:
         raise ConfigError("the policy does not fit the env:\n  - " + "\n  - ".join(env_problems))
@@ -322,11 +330,15 @@ def pi0_checkpoint_source(model: ModelConfig, env: EnvConfig, explicit: Collecti
 
 
 def pi0_resolved_model_config(source: Pi0Source, base: ModelConfig) -> ModelConfig:
-    """`base` with the π0 spec's resolved sizes and normalisation under model.pi0, and `model.chunk_len` the actions
-    of each chunk the env plays per decode (`Pi0Source.actions_per_chunk`)."""
+    """`base` with the π0 spec's resolved sizes and normalisation under model.pi0, the stochastic steps of RL's
+    chain resolved to the method's, and `model.chunk_len` the actions of each chunk the env plays per decode
+    (`Pi0Source.actions_per_chunk`)."""
+    from vla_scale.models.pi0.rollout import resolved_stochastic_steps
+
     spec = source.spec
     pi0 = replace(base.pi0, action_horizon=spec.action_horizon, action_dim=spec.action_dim,
-                  max_token_len=spec.max_token_len, num_steps=spec.num_steps, normalization=spec.resolved_normalization)
+                  max_token_len=spec.max_token_len, num_steps=spec.num_steps, normalization=spec.resolved_normalization,
+                  stochastic_steps=resolved_stochastic_steps(base.pi0.stochastic_steps, base.pi0.rl_noise))
     return replace(base, chunk_len=source.actions_per_chunk, pi0=pi0)
 
 

@@ -30,6 +30,7 @@ def choices() -> dict[str, tuple[Any, ...]]:
     from vla_scale.models.fp8 import PRECISIONS
     from vla_scale.models.interface import POLICY_FAMILIES
     from vla_scale.models.kernels import KERNELS
+    from vla_scale.models.pi0.rollout import RL_NOISES as PI0_RL_NOISES
     from vla_scale.models.pi0.rollout import STOCHASTIC_STEPS as PI0_STOCHASTIC_STEPS
     from vla_scale.models.pi0.spec import NORM_CONVENTIONS as PI0_NORM_CONVENTIONS
     from vla_scale.models.pi0.spec import NORMALIZATIONS as PI0_NORMALIZATIONS
@@ -49,7 +50,8 @@ def choices() -> dict[str, tuple[Any, ...]]:
         "model.pi0.preset": tuple(PI0_PRESETS),
         "model.pi0.normalization": ("", *PI0_NORMALIZATIONS),
         "model.pi0.norm_convention": ("", *PI0_NORM_CONVENTIONS),
-        "model.pi0.stochastic_steps": PI0_STOCHASTIC_STEPS,
+        "model.pi0.stochastic_steps": ("", *PI0_STOCHASTIC_STEPS),
+        "model.pi0.rl_noise": PI0_RL_NOISES,
         "deepspeed.zero_stage": (0, 1, 2, 3),
         "rollout.precision": PRECISIONS,
         "record.episodes": ("all", "successes"),
@@ -71,7 +73,7 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     "model.lora.alpha": POSITIVE,
     **{f"model.pi0.{k}": AT_LEAST_0 for k in ("action_horizon", "action_dim", "max_token_len", "num_steps",
                                                   "image_size", "patch_size")},
-    "model.pi0.noise_level": POSITIVE,
+    **{f"model.pi0.{k}": POSITIVE for k in ("noise_level", "noise_std_min", "noise_std_max")},
     "model.action_log_std_init": (">= -10", -10, True),
     "rollout.pipeline_stage_num": AT_LEAST_1,
     "sync.bucket_mb": AT_LEAST_1,
@@ -163,6 +165,9 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
             f"model.num_heads={m.num_heads}"
         )
     problems += lora_problems(m.lora)
+    if m.pi0.noise_std_min > m.pi0.noise_std_max:
+        problems.append(f"model.pi0.noise_std_min={m.pi0.noise_std_min} exceeds model.pi0.noise_std_max="
+                        f"{m.pi0.noise_std_max}: Flow-Noise's std range needs min <= max")
     if cfg.parallel.disagg_sim.enable and not cfg.parallel.ray_address:
         problems.append("parallel.disagg_sim.enable=true places simulators on the simulation nodes of a Ray "
                         "cluster, but parallel.ray_address is empty (a local Ray has no simulation node): start the "

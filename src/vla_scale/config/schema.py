@@ -65,13 +65,25 @@ class Pi0ModelConfig:
     """Whose edge rules the normalisation follows: openpi (1e-6 added to every divisor and multiplied back),
     lerobot (LeRobot's processor: 1e-8 added to the std, to q99 - q01 only where it is 0, float32) or '' (the
     checkpoint's: lerobot for a LeRobot-layout folder, openpi otherwise)."""
+    rl_noise: str = "flow_sde"
+    """How an RL rollout (launch/train.py) makes the denoising chain stochastic so that its chunks have log-probs,
+    πRL's two methods: flow_sde (a step is the SDE transition of noise level model.pi0.noise_level,
+    objectives/flow_sde.py) or flow_noise (a step is the Euler step plus Gaussian noise whose std a small noise head
+    reads from the action expert's output, trained with the policy; objectives/flow_noise.py). Evaluation decodes
+    noise-free either way."""
     noise_level: float = 0.5
-    """RL's Flow-SDE noise level a (objectives/flow_sde.py): the rollout of launch/train.py makes one denoising step per
-    chunk, drawn at random, a Gaussian transition of std a * sqrt(t / (1 - t)) * sqrt(|dt|) (πRL's mixed ODE-SDE
-    sampling); its log-prob is what GRPO trains. Evaluation decodes noise-free whatever it is."""
-    stochastic_steps: str = "one"
-    """Which denoising steps of an RL rollout's chain are Flow-SDE transitions: one per chunk, drawn at random (πRL's
-    mixed ODE-SDE sampling), or all K of them (more exploration; the chunk's log-prob sums every step's)."""
+    """RL's Flow-SDE noise level a (objectives/flow_sde.py): with rl_noise=flow_sde the rollout of launch/train.py
+    makes one denoising step per chunk, drawn at random, a Gaussian transition of std a * sqrt(t / (1 - t)) *
+    sqrt(|dt|) (πRL's mixed ODE-SDE sampling); its log-prob is what GRPO trains. Evaluation decodes noise-free
+    whatever it is."""
+    stochastic_steps: str = ""
+    """Which denoising steps of an RL rollout's chain are stochastic: one per chunk, drawn at random (πRL's mixed
+    ODE-SDE sampling), all K of them (the chunk's log-prob sums every step's), or '' (the method's: one for
+    flow_sde, all for flow_noise, as πRL runs them)."""
+    noise_std_min: float = 0.08
+    """Flow-Noise's smallest std of a denoising step (the noise head's lower bound; RLinf's noise_logvar_range[0])."""
+    noise_std_max: float = 0.16
+    """Flow-Noise's largest std of a denoising step (the noise head's upper bound; RLinf's noise_logvar_range[1])."""
 
 
 @dataclass

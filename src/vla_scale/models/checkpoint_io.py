@@ -163,9 +163,10 @@ def load_weights(policy: torch.nn.Module, path: str, zero3_init: bool = False) -
     copy_tensors(policy, iter_tensors(path), zero3_init)
 
 
-def copy_tensors(module: torch.nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], zero3: bool) -> None:
-    """Copy named tensors into `module`'s parameters; raise naming what is missing (but `OPTIONAL`), unexpected or
-    misshaped."""
+def copy_tensors(module: torch.nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], zero3: bool,
+                 fresh: tuple[str, ...] = ()) -> None:
+    """Copy named tensors into `module`'s parameters; raise naming what is missing (but `OPTIONAL` and the parameters
+    whose names start with one of `fresh`, which keep their init), unexpected or misshaped."""
     params = dict(module.named_parameters())
     seen: set[str] = set()
     for name, tensor in tensors:
@@ -173,7 +174,7 @@ def copy_tensors(module: torch.nn.Module, tensors: Iterator[tuple[str, torch.Ten
             raise KeyError(f"checkpoint tensor {name!r} has no parameter in the policy (architecture mismatch)")
         _copy_one(name, params[name], tensor, zero3)
         seen.add(name)
-    missing = sorted(set(params) - seen - set(OPTIONAL))
+    missing = sorted(n for n in set(params) - seen - set(OPTIONAL) if not n.startswith(fresh))
     if missing:
         raise KeyError(f"checkpoint lacks {len(missing)} parameters of the policy, e.g. {missing[:5]}")
 

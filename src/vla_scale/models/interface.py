@@ -29,15 +29,15 @@ What the rollout engine and the env loop ask of it (evaluation: `launch/eval.py`
         .decode(inputs, temperature, greedy) ->  Decoded; the family's `ChunkDecoder` decodes the batch (OFT: the
                                                  head's bins / L1 Gaussian over the engine's logits, its fast forward
                                                  on a GPU; π0: noise-free `sample_actions`, or with `greedy=False` a
-                                                 Flow-SDE chain whose record, `Decoded.sampled`, the update scores
-                                                 again)
+                                                 Flow-SDE or Flow-Noise chain whose record, `Decoded.sampled`, the
+                                                 update scores again)
       env_actions(decoded.actions)  ---------->  the chunk in the env's convention
 
 What the RL update asks of it (`launch/train.py`):
 
     Actor(new_policy, ..., scorer=chunk_scorer())
       scorer.logprobs(forward, ..., sampled) ->  the recorded chunks' log-probs with gradients (OFT: the head's
-                                                    `distribution` of the tokens; π0: the chain's stochastic step
+                                                    `distribution` of the tokens; π0: the chain's stochastic steps
                                                     again, `Pi0Policy.chain_logprobs`), with a critic its values
                                                     from the same pass
       value_width  --------------------------->  the width of the hidden state a value head reads (PPO)

@@ -39,10 +39,11 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 NOT_ADAPTED = ("lm_head",)  # its action rows are what the loss reads: trained or frozen whole, never low-rank
 FULLY_TRAINED = ("action_head", "action_noise", "action_in_proj", "action_out_proj", "state_proj",
-                 "action_time_mlp_in", "action_time_mlp_out", "time_mlp_in", "time_mlp_out")
+                 "action_time_mlp_in", "action_time_mlp_out", "time_mlp_in", "time_mlp_out", "noise_head")
 """Parts a LoRA run trains whole, never low-rank: OFT's L1 head and its Gaussian's log-std (small; OpenVLA-OFT's LoRA
 fine-tuning trains its action head whole too); π0's projections of actions, state and time in and out of the action
-expert (small and the robot's own; openpi's LoRA fine-tunes freeze only the Gemmas' weights)."""
+expert (small and the robot's own; openpi's LoRA fine-tunes freeze only the Gemmas' weights) and Flow-Noise's noise
+head (small, and fresh when RL starts)."""
 FILM_PROJECTIONS = ("scale", "shift")
 """A FiLMed vision block's projections of the language embedding, also trained whole (OpenVLA-OFT adds them after
 the adapters)."""

@@ -1,7 +1,7 @@
 """The pure functions RL and fine-tuning optimise (torch only, no state): the clipped policy-gradient loss and its
 token weights, group statistics and the dynamic-sampling filter, the supervised losses of fine-tuning on
-demonstrations, and Flow-SDE's log-likelihood of a flow policy's denoising chain. The algorithms (`algo/`) and the
-policies (`models/`) build on them."""
+demonstrations, and the log-likelihood of a flow policy's denoising chain (Flow-SDE's and Flow-Noise's). The
+algorithms (`algo/`) and the policies (`models/`) build on them."""
 
 from vla_scale.objectives.groups import group_success_filter
 from vla_scale.objectives.policy_loss import (

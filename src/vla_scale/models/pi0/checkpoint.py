@@ -31,6 +31,11 @@ elsewhere, so usually it is absent), and, when we wrote it, `vla_scale.json`: th
 neither config.json can say (tiny towers, prompt budgets, state in the prompt). A folder's own config.json fields
 must agree with it.
 
+A Flow-Noise policy's noise head (`models/pi0/noise_head.py`) is written beside the weights, in
+`noise_head.safetensors` under its parameter names, so that `model.safetensors` stays the layout's own: openpi and
+LeRobot load the folder as it is, `read_pi0_folder` reads the policy without it, and `read_noise_head` gives it to a
+Flow-Noise run that starts from the folder.
+
 Statistics are returned as openpi names them (`state`, `actions`). LeRobot's own normaliser differs from openpi's in
 its epsilon (1e-8 where openpi adds 1e-6 to the divisor, and none to q99 - q01 unless it is 0); the statistics are
 the same either way, and a LeRobot folder's spec says `norm_convention="lerobot"` so that its policy normalises as
@@ -65,6 +70,9 @@ from vla_scale.models.families import (
     weight_files,
     weight_shapes,
 )
+from vla_scale.models.pi0.noise_head import FILE as NOISE_HEAD_FILE
+from vla_scale.models.pi0.noise_head import PREFIX as NOISE_HEAD_PREFIX
+from vla_scale.models.pi0.noise_head import STD_BOUNDS, NoiseHead
 from vla_scale.models.pi0.normalize import NormStats, read_norm_stats
 from vla_scale.models.pi0.policy import Pi0Policy
 from vla_scale.models.pi0.spec import GEMMA_VARIANTS, GemmaSpec, Pi0Spec, check_spec, spec_from_openpi
@@ -344,6 +352,27 @@ def _old_names(stored: dict[str, Any], spec: Pi0Spec) -> dict[str, str]:
     return {n: "action_" + n for n in stored if n.startswith(("time_mlp_in.", "time_mlp_out."))}
 
 
+def read_noise_head(folder: str | Path, spec: Pi0Spec) -> dict[str, torch.Tensor]:
+    """The folder's noise head tensors (`noise_head.safetensors`, under the policy's names), {} when it has none;
+    CheckpointFolderError when they do not fit a head of `spec`."""
+    path = Path(folder) / NOISE_HEAD_FILE
+    if not path.is_file():
+        return {}
+    with torch.device("meta"):
+        head = NoiseHead(spec.expert.width, spec.action_dim, *STD_BOUNDS)
+    ours = {NOISE_HEAD_PREFIX + n: tuple(p.shape) for n, p in head.named_parameters()}
+    try:
+        tensors = load_file(str(path))
+    except Exception as error:  # safetensors raises its own error types for a damaged file
+        raise CheckpointFolderError(f"{path} is unreadable ({error}): remove it to start a fresh noise head"
+                                    ) from None
+    if {n: tuple(t.shape) for n, t in tensors.items()} != ours:
+        raise CheckpointFolderError(f"{path} does not fit the noise head of this policy (expert width "
+                                    f"{spec.expert.width}, action size {spec.action_dim}): remove it to start a fresh "
+                                    "noise head")
+    return tensors
+
+
 def _load(folder: Path, prefix: str, renamed: dict[str, str]) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for file in weight_files(folder):
@@ -360,10 +389,11 @@ def write_pi0_folder(folder: str | Path, policy: Pi0Policy, norm_stats: dict[str
                      tokenizer_file: str | Path | None = None, layout: str = "openpi", asset_id: str = "libero"
                      ) -> Path:
     """Write `policy` as a checkpoint folder of `layout` ("openpi" or "lerobot") that `read_pi0_folder` reads back
-    bit for bit: the weights as they are (one of the tied pair left out, as openpi's save does), config.json of the
-    layout, `vla_scale.json` (the spec), the statistics (openpi: `assets/<asset_id>/norm_stats.json`; LeRobot: the
-    processor files) and `tokenizer.model` when given. Files of an earlier save in `folder` (weights, statistics,
-    processor files) are replaced. Everything is checked before a file is written."""
+    bit for bit: the weights as they are (one of the tied pair left out, as openpi's save does; a noise head's in
+    `noise_head.safetensors`), config.json of the layout, `vla_scale.json` (the spec), the statistics (openpi:
+    `assets/<asset_id>/norm_stats.json`; LeRobot: the processor files) and `tokenizer.model` when given. Files of
+    an earlier save in `folder` (weights, statistics, processor files) are replaced. Everything is checked before a
+    file is written."""
     folder, spec = Path(folder), policy.spec
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: choose one of {LAYOUTS}")
@@ -374,12 +404,16 @@ def write_pi0_folder(folder: str | Path, policy: Pi0Policy, norm_stats: dict[str
     if tokenizer_file is not None and (problem := tokenizer_problem(Path(tokenizer_file), spec)):
         raise CheckpointFolderError(problem)
     prefix = LEROBOT_PREFIX if layout == "lerobot" else ""
-    state = {prefix + n: t.detach().to("cpu").contiguous() for n, t in policy.state_dict().items() if n != EMBED}
+    tensors = {n: t.detach().to("cpu").contiguous() for n, t in policy.state_dict().items() if n != EMBED}
+    head = {n: t for n, t in tensors.items() if n.startswith(NOISE_HEAD_PREFIX)}
+    state = {prefix + n: t for n, t in tensors.items() if n not in head}
     dtype = str(next(iter(state.values())).dtype).removeprefix("torch.")
 
     folder.mkdir(parents=True, exist_ok=True)
     _remove_earlier_save(folder)
     save_file(state, str(folder / WEIGHTS), metadata={"format": "pt"})
+    if head:
+        save_file(head, str(folder / NOISE_HEAD_FILE), metadata={"format": "pt"})
     (folder / SIDE).write_text(_json({"pi0_spec": spec.to_dict(), "layout": layout}))
     if layout == "openpi":
         (folder / CONFIG).write_text(_json(openpi_config(spec, dtype)))
@@ -395,7 +429,8 @@ def write_pi0_folder(folder: str | Path, policy: Pi0Policy, norm_stats: dict[str
 
 
 def _remove_earlier_save(folder: Path) -> None:
-    for pattern in ("model*.safetensors", INDEX, f"{PREPROCESSOR}*", f"{POSTPROCESSOR}*", *TOKENIZERS, SIDE, CONFIG):
+    for pattern in ("model*.safetensors", INDEX, f"{PREPROCESSOR}*", f"{POSTPROCESSOR}*", *TOKENIZERS, SIDE, CONFIG,
+                    NOISE_HEAD_FILE):
         for path in folder.glob(pattern):
             path.unlink()
     if (folder / ASSETS).is_dir():

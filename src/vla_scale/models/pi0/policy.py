@@ -15,9 +15,12 @@ training loss is the per-element squared error against it (`flow_loss`, given th
 caller, or a test, fixes both). `sample_actions` starts from noise at t = 1 and takes K Euler steps of dt = -1/K to
 t = 0, computing the prefix once (its keys and values per layer) and only the suffix at every step.
 
-For RL the same steps become Gaussian transitions (Flow-SDE, `objectives/flow_sde.py`): `sample_chain` samples a chain
-with a noise level and keeps every x_t and each step's log-prob, `chain_logprobs` recomputes those log-probs from a
-stored chain in one batched pass (the actor's update, with gradients). Noise level 0 is `sample_actions` bit for bit.
+For RL the same steps become Gaussian transitions: Flow-SDE's (`objectives/flow_sde.py`, of a noise level) or, for a
+policy built with a noise head (`noise_std=`, `models/pi0/noise_head.py`), Flow-Noise's (`objectives/flow_noise.py`:
+the Euler step plus noise whose std the head reads from the expert's output rows). `sample_chain` samples a chain and
+keeps every x_t and each step's log-prob, `chain_logprobs` recomputes those log-probs from a stored chain in one
+batched pass (the actor's update, with gradients into the policy and the noise head). A step left deterministic
+(noise level 0, or not chosen) is `sample_actions`' step bit for bit; `sample_actions` never reads the noise head.
 
 The time enters as a sine-cosine embedding of width = the expert's (periods 4e-3 to 4, computed in float64 as
 openpi does): π0 concatenates it to each action token's embedding and mixes them with a 2-layer swish MLP; π0.5
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +43,10 @@ from vla_scale.models.critic import read_rows
 from vla_scale.models.lora import ServesMerged
 from vla_scale.models.pi0.backbone import KVCache, PaliGemmaWithExpert, Streams
 from vla_scale.models.pi0.gemma import MASKED, AdaRMSNorm
+from vla_scale.models.pi0.noise_head import PREFIX as NOISE_HEAD_PREFIX
+from vla_scale.models.pi0.noise_head import NoiseHead
 from vla_scale.models.pi0.spec import Pi0Spec, check_spec, spec_from_openpi
+from vla_scale.objectives.flow_noise import flow_noise_transition, step_entropy
 from vla_scale.objectives.flow_sde import euler_times, gaussian_logprob, sde_transition
 
 TIME_PERIODS = (4e-3, 4.0)
@@ -94,10 +101,11 @@ def time_embedding(time: Tensor, width: int) -> Tensor:
 
 
 class Pi0Policy(ServesMerged, nn.Module):
-    """PaliGemma + the action expert + the action/state/time projections of π0 (or π0.5 with `spec.pi05`). With LoRA
-    adapters (`models/lora.add_adapters`) it serves its weights merged (`served`)."""
+    """PaliGemma + the action expert + the action/state/time projections of π0 (or π0.5 with `spec.pi05`), and with
+    `noise_std` (min, max) Flow-Noise's noise head. With LoRA adapters (`models/lora.add_adapters`) it serves its
+    weights merged (`served`)."""
 
-    def __init__(self, spec: Pi0Spec, zero3_init: bool = False):
+    def __init__(self, spec: Pi0Spec, zero3_init: bool = False, noise_std: tuple[float, float] | None = None):
         super().__init__()
         check_spec(spec)
         self.spec = spec
@@ -111,6 +119,9 @@ class Pi0Policy(ServesMerged, nn.Module):
             self.state_proj = nn.Linear(spec.action_dim, width)
             self.action_time_mlp_in = nn.Linear(2 * width, width)
             self.action_time_mlp_out = nn.Linear(width, width)
+        self.noise_head = None if noise_std is None else NoiseHead(width, spec.action_dim, *noise_std)
+        """Flow-Noise's std network, or None (Flow-SDE, evaluation); built last, so the other parameters' init is
+        the same with or without it."""
 
     # ---- construction -----------------------------------------------------------------------------------------------
     @classmethod
@@ -121,21 +132,27 @@ class Pi0Policy(ServesMerged, nn.Module):
 
     @classmethod
     def from_spec(cls, spec: Pi0Spec, dtype: torch.dtype | None = None, device: str | None = None,
-                  zero3_init: bool = False) -> Pi0Policy:
+                  zero3_init: bool = False, noise_std: tuple[float, float] | None = None) -> Pi0Policy:
         """A freshly initialised policy (seed torch first for a reproducible one): linear and embedding weights
         normal(0, 0.02), biases 0, RMS norms the identity, adaRMS maps 0 (so the expert starts unconditioned).
         `zero3_init`: the caller builds it inside `deepspeed.zero.Init`, where every parameter is an empty shard once
-        built; each initialised module is then gathered while its init runs (the same draws, in the same order)."""
-        policy = cls(spec, zero3_init)
+        built; each initialised module is then gathered while its init runs (the same draws, in the same order).
+        `noise_std`: with Flow-Noise's noise head of these std bounds."""
+        policy = cls(spec, zero3_init, noise_std)
         policy.apply(_init_gathered if zero3_init else _init_weights)
         return policy if zero3_init else policy.to(dtype=dtype, device=device)
 
     def load_openpi_state_dict(self, tensors: dict[str, Tensor], prefix: str = "") -> None:
         """Copy an openpi `PI0Pytorch` state_dict in (LeRobot's folders: `prefix="model."`). Exactly our keys are
         required, except that one of PaliGemma's tied pair (LM head, token embedding) stands for both, as
-        safetensors keeps only one; anything missing, unexpected or of another shape is refused by name."""
+        safetensors keeps only one, and that a noise head's tensors may be left out (it keeps its own); anything
+        missing, unexpected or of another shape is refused by name."""
         tensors = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
         ours = self.state_dict()
+        head = {k for k in ours if k.startswith(NOISE_HEAD_PREFIX)}
+        whole = head <= set(tensors)
+        if not whole:
+            ours = {k: v for k, v in ours.items() if k not in head}
         head = "paligemma_with_expert.paligemma.lm_head.weight"
         embed = "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
         if head in tensors or embed in tensors:
@@ -148,7 +165,7 @@ class Pi0Policy(ServesMerged, nn.Module):
                     if keys]
         if problems:
             raise ValueError("not a π0 state_dict of this spec; " + "; ".join(problems))
-        self.load_state_dict(tensors, strict=True)
+        self.load_state_dict(tensors, strict=whole)
 
     # ---- embeddings -------------------------------------------------------------------------------------------------
     @property
@@ -219,9 +236,9 @@ class Pi0Policy(ServesMerged, nn.Module):
         x_t = t * noise + (1 - t) * actions
         return F.mse_loss(noise - actions, self.velocity_joint(inputs, x_t, time), reduction="none")
 
-    def forward(self, inputs: Pi0Inputs, *args: Tensor, **kwargs: Tensor) -> Tensor:
+    def forward(self, inputs: Pi0Inputs, *args: Tensor, **kwargs: Any) -> Tensor | tuple[Tensor, Tensor]:
         """What the DeepSpeed engine runs: `flow_loss(inputs, actions, noise, time)` (SFT), or with `chain=`
-        `chain_logprobs(inputs, chain=, noise_level=, stochastic=, mask=)` (RL's update)."""
+        `chain_logprobs(inputs, chain=, noise_level=, stochastic=, mask=, with_entropy=)` (RL's update)."""
         if "chain" in kwargs:
             return self.chain_logprobs(inputs, **kwargs)
         return self.flow_loss(inputs, *args, **kwargs)
@@ -247,6 +264,15 @@ class Pi0Policy(ServesMerged, nn.Module):
 
     def denoise_step(self, state: Tensor, prefix_pad: Tensor, cache: KVCache, x_t: Tensor, time: Tensor) -> Tensor:
         """The velocity float32[B, H, action_dim] at (x_t, time [B]), the suffix attending to the prefix's cache."""
+        return self.velocity(self.suffix_rows(state, prefix_pad, cache, x_t, time))
+
+    def velocity(self, rows: Tensor) -> Tensor:
+        """The velocity float32[B, H, action_dim] the expert's output rows at the actions [B, H, width] predict."""
+        return self.action_out_proj(rows.to(self.compute_dtype)).float()
+
+    def suffix_rows(self, state: Tensor, prefix_pad: Tensor, cache: KVCache, x_t: Tensor, time: Tensor) -> Tensor:
+        """The expert's output rows at the actions [B, H, width] (after its final norm) at (x_t, time [B]), the
+        suffix attending to the prefix's cache: what the velocity and the noise head read."""
         suffix, pad, blocks, cond = self.embed_suffix(state, x_t, time)
         queries = suffix.shape[1]
         to_prefix = prefix_pad[:, None, :].expand(-1, queries, -1)
@@ -255,7 +281,8 @@ class Pi0Policy(ServesMerged, nn.Module):
         streams = Streams(prefix=None, suffix=suffix.to(self.compute_dtype), mask=additive(allowed),
                           positions=positions, cond=cond)
         _, out, _ = self.paligemma_with_expert.run(streams, cache=cache)
-        return self.action_out_proj(out[:, -self.spec.action_horizon :].to(self.compute_dtype)).float()
+        assert out is not None
+        return out[:, -self.spec.action_horizon :]
 
     def sample_noise(self, batch: int, device: torch.device | str | None = None,
                      generator: torch.Generator | None = None) -> Tensor:
@@ -280,16 +307,18 @@ class Pi0Policy(ServesMerged, nn.Module):
         return x_t
 
     @torch.no_grad()
-    def sample_chain(self, inputs: Pi0Inputs, noise: Tensor, noise_level: float | Tensor,
+    def sample_chain(self, inputs: Pi0Inputs, noise: Tensor, noise_level: float | Tensor = 0.0,
                      generator: torch.Generator | None = None, step_noise: Tensor | None = None,
                      stochastic: Tensor | None = None, mask: Tensor | None = None,
                      num_steps: int | None = None) -> FlowChain:
         """K denoising steps from `noise` at t = 1, each a Flow-SDE transition of noise level a (a float or [B]),
-        the prefix computed once. The steps' standard normal draws come from `step_noise` float32[B, K, H, D], else
-        from `generator`, all drawn before the first step. `stochastic` bool[B, K] (default: all) picks the steps
-        that are transitions; the others take a = 0, the plain Euler step (πRL's mixed ODE-SDE sampling makes one
-        step per chain stochastic). `mask` (bool, broadcastable to [B, H, D]: `objectives.flow_sde.action_mask`) is
-        where the log-probs count. With a = 0 everywhere the actions are `sample_actions`' bit for bit."""
+        or with a noise head a Flow-Noise transition (its std from the head; `noise_level` unused), the prefix
+        computed once. The steps' standard normal draws come from `step_noise` float32[B, K, H, D], else from
+        `generator`, all drawn before the first step. `stochastic` bool[B, K] (default: all) picks the steps that
+        are transitions; the others are the plain Euler step (Flow-SDE with a = 0; πRL's mixed ODE-SDE sampling
+        makes one step per chain stochastic). `mask` (bool, broadcastable to [B, H, D]:
+        `objectives.flow_sde.action_mask`) is where the log-probs count. With a = 0 everywhere (or no step chosen)
+        the actions are `sample_actions`' bit for bit."""
         steps = num_steps or self.spec.num_steps
         batch = noise.shape[0]
         chosen = _steps_chosen(stochastic, batch, steps, noise.device)
@@ -300,31 +329,39 @@ class Pi0Policy(ServesMerged, nn.Module):
         times, dt = euler_times(steps, noise.device)
         x_t, chain, logprobs = noise, [noise.float()], []
         for k in range(steps):
-            v_t = self.denoise_step(inputs.state, prefix_pad, cache, x_t, times[k].expand(batch))
-            mean, std = sde_transition(x_t, v_t, times[k], dt, chosen[:, k].float() * noise_level)
+            rows = self.suffix_rows(inputs.state, prefix_pad, cache, x_t, times[k].expand(batch))
+            v_t = self.velocity(rows)
+            if self.noise_head is None:
+                mean, std = sde_transition(x_t, v_t, times[k], dt, chosen[:, k].float() * noise_level)
+            else:
+                mean, std = flow_noise_transition(x_t, v_t, dt, self.noise_head(rows), chosen[:, k])
             x_t = mean + std * step_noise[:, k]
             logprobs.append(gaussian_logprob(x_t, mean, std, mask))
             chain.append(x_t.float())
         return FlowChain(actions=x_t, chain=torch.stack(chain, dim=1), logprobs=torch.stack(logprobs, dim=1),
                          stochastic=chosen)
 
-    def chain_logprobs(self, inputs: Pi0Inputs, chain: Tensor, noise_level: float | Tensor,
-                       stochastic: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+    def chain_logprobs(self, inputs: Pi0Inputs, chain: Tensor, noise_level: float | Tensor = 0.0,
+                       stochastic: Tensor | None = None, mask: Tensor | None = None, with_entropy: bool = False
+                       ) -> Tensor | tuple[Tensor, Tensor]:
         """Each step's log-prob float32[B, K] of a stored chain float32[B, K + 1, H, D] (`FlowChain.chain`; K is
-        read from it), as `sample_chain` computed them, with gradients into the policy. The prefix runs once; the
-        stochastic steps of every example (`stochastic` bool[B, K], default all; the others are 0) run as one
-        batch of suffix passes, each row attending to its example's cached prefix (the cache rows are gathered,
-        a copy per step: the memory of K separate passes, in one)."""
+        read from it), as `sample_chain` computed them, with gradients into the policy (and its noise head). The
+        prefix runs once; the stochastic steps of every example (`stochastic` bool[B, K], default all; the others
+        are 0) run as one batch of suffix passes, each row attending to its example's cached prefix (the cache rows
+        are gathered, a copy per step: the memory of K separate passes, in one). `with_entropy`: also each step's
+        Gaussian entropy float32[B, K] over the mask (Flow-Noise's depends on the weights, so it comes from this
+        pass)."""
         cache, prefix_pad, _ = self.prefix_pass(inputs)
-        return self._steps_logprobs(inputs, cache, prefix_pad, chain, noise_level, stochastic, mask)
+        return self._steps_logprobs(inputs, cache, prefix_pad, chain, noise_level, stochastic, mask, with_entropy)
 
-    def value_features(self, inputs: Pi0Inputs, *, position: str, chain: Tensor, noise_level: float | Tensor,
-                       stochastic: Tensor | None = None, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def value_features(self, inputs: Pi0Inputs, *, position: str, chain: Tensor, noise_level: float | Tensor = 0.0,
+                       stochastic: Tensor | None = None, mask: Tensor | None = None, with_entropy: bool = False
+                       ) -> tuple[Tensor | tuple[Tensor, Tensor], Tensor]:
         """`chain_logprobs` and, from the same prefix pass, the hidden state [B, width] a value head reads
         (`models/critic.py`): the last valid prefix row's (`prompt_last`; the prompt's last token) or the mean over
         the valid prefix rows (`action_mean`: the rows every denoising step attends to)."""
         cache, pad, out = self.prefix_pass(inputs)
-        steps = self._steps_logprobs(inputs, cache, pad, chain, noise_level, stochastic, mask)
+        steps = self._steps_logprobs(inputs, cache, pad, chain, noise_level, stochastic, mask, with_entropy)
         if position == "prompt_last":
             last = (pad.long() * torch.arange(pad.shape[1], device=pad.device)).argmax(dim=1)
             return steps, out[torch.arange(len(out), device=out.device), last]
@@ -353,22 +390,30 @@ class Pi0Policy(ServesMerged, nn.Module):
         return self.spec.paligemma.width
 
     def _steps_logprobs(self, inputs: Pi0Inputs, cache: KVCache, prefix_pad: Tensor, chain: Tensor,
-                        noise_level: float | Tensor, stochastic: Tensor | None, mask: Tensor | None) -> Tensor:
+                        noise_level: float | Tensor, stochastic: Tensor | None, mask: Tensor | None,
+                        with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """`chain_logprobs` on a prefix already run."""
         batch, steps = chain.shape[0], chain.shape[1] - 1
         rows, ks = _steps_chosen(stochastic, batch, steps, chain.device).nonzero(as_tuple=True)
         out = torch.zeros(batch, steps, dtype=torch.float32, device=chain.device)
         if rows.numel() == 0:
-            return out
+            return (out, out) if with_entropy else out
         cache = [(keys[rows], values[rows]) for keys, values in cache]
         times, dt = euler_times(steps, chain.device)
         x_t = chain[rows, ks]
-        v_t = self.denoise_step(inputs.state[rows], prefix_pad[rows], cache, x_t, times[ks])
-        level = noise_level[rows] if isinstance(noise_level, Tensor) and noise_level.dim() else noise_level
-        mean, std = sde_transition(x_t, v_t, times[ks], dt, level)
+        hidden = self.suffix_rows(inputs.state[rows], prefix_pad[rows], cache, x_t, times[ks])
+        v_t = self.velocity(hidden)
+        if self.noise_head is None:
+            level = noise_level[rows] if isinstance(noise_level, Tensor) and noise_level.dim() else noise_level
+            mean, std = sde_transition(x_t, v_t, times[ks], dt, level)
+        else:
+            mean, std = flow_noise_transition(x_t, v_t, dt, self.noise_head(hidden))
         if mask is not None and mask.dim() == 3:
             mask = mask.expand(batch, -1, -1)[rows]
-        return out.index_put((rows, ks), gaussian_logprob(chain[rows, ks + 1], mean, std, mask))
+        logprobs = out.index_put((rows, ks), gaussian_logprob(chain[rows, ks + 1], mean, std, mask))
+        if not with_entropy:
+            return logprobs
+        return logprobs, out.index_put((rows, ks), step_entropy(std.expand_as(x_t), mask))
 
 
 def _steps_chosen(stochastic: Tensor | None, batch: int, steps: int, device: torch.device) -> Tensor:

@@ -23,6 +23,12 @@ chunk is the action taken. `Decoded.sampled` keeps what the update needs to comp
 chain float32[B, K + 1, H, D], which steps were stochastic bool[B, K] and the noise level float32[B]. The sampling
 temperature does not apply (the noise level plays its part).
 
+With `model.pi0.rl_noise=flow_noise` the chain is πRL's Flow-Noise instead (`objectives/flow_noise.py`): every step
+is stochastic by default (`stochastic_steps` '' resolves to all; RLinf's `joint_logprob`), each the Euler step plus
+Gaussian noise whose std the policy's noise head reads from the expert's output rows; the record is the chain and the
+stochastic steps (no noise level: the std is the weights', recomputed by the scorer with gradients into the head).
+The logged entropy is then the learned stds' Gaussian entropy, from the scorer's own pass.
+
 `Decoded.tokens` holds the played normalised actions (float32[B, chunk*action_dim], as the OFT l1 head's values),
 which nothing scores; noise-free, `Decoded.logprobs` is zeros [B, 1].
 """
@@ -47,6 +53,9 @@ from vla_scale.models.pi0.policy import FlowChain, Pi0Inputs, Pi0Policy, pixels_
 from vla_scale.models.pi0.spec import Pi0Spec
 from vla_scale.models.pi0.tokenizer import PaliGemmaTokenizer
 from vla_scale.objectives.flow_sde import action_mask, euler_times, sde_sigma
+
+RL_NOISES = ("flow_sde", "flow_noise")
+"""`model.pi0.rl_noise`: how an RL rollout's chain is made stochastic (πRL's two methods)."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,21 @@ def chunk_mask(spec: Pi0Spec, env_action_dim: int, actions_per_chunk: int) -> Te
 
 
 STOCHASTIC_STEPS = ("one", "all")
-"""`model.pi0.stochastic_steps`: one random Flow-SDE step per chunk (πRL's mixed ODE-SDE sampling), or all K."""
+"""`model.pi0.stochastic_steps`: one random stochastic step per chunk (πRL's mixed ODE-SDE sampling), or all K."""
+METHOD_STEPS = {"flow_sde": "one", "flow_noise": "all"}
+"""What `stochastic_steps=''` means for each method: πRL's Flow-SDE runs mixed ODE-SDE sampling, its Flow-Noise scores
+the whole chain (RLinf's Flow-Noise configurations set `joint_logprob`)."""
+
+
+def resolved_stochastic_steps(stochastic_steps: str, rl_noise: str) -> str:
+    """`stochastic_steps`, '' resolved to the method's (`METHOD_STEPS`); ValueError naming the key for an unknown
+    value of either."""
+    if rl_noise not in RL_NOISES:
+        raise ValueError(f"rl_noise={rl_noise!r}: choose one of {RL_NOISES}")
+    if stochastic_steps not in ("", *STOCHASTIC_STEPS):
+        raise ValueError(f"stochastic_steps={stochastic_steps!r}: choose one of {STOCHASTIC_STEPS} (or '': "
+                         "the method's)")
+    return stochastic_steps or METHOD_STEPS[rl_noise]
 
 
 def one_stochastic_step(step: Tensor, num_steps: int) -> Tensor:
@@ -133,15 +156,14 @@ def one_stochastic_step(step: Tensor, num_steps: int) -> Tensor:
 
 
 class Pi0Decoder:
-    """A batch of `Pi0Inputs` -> (tokens, logprobs, actions, sampled) of one chunk: noise-free, or a Flow-SDE chain
-    (module docstring)."""
+    """A batch of `Pi0Inputs` -> (tokens, logprobs, actions, sampled) of one chunk: noise-free, or a Flow-SDE or
+    Flow-Noise chain (module docstring)."""
 
     def __init__(self, normalizer: Pi0Normalizer | None, env_action_dim: int, actions_per_chunk: int,
-                 noise_level: float = 0.5, stochastic_steps: str = "one"):
-        if stochastic_steps not in STOCHASTIC_STEPS:
-            raise ValueError(f"stochastic_steps={stochastic_steps!r}: choose one of {STOCHASTIC_STEPS}")
+                 noise_level: float = 0.5, stochastic_steps: str = "", rl_noise: str = "flow_sde"):
         self.normalizer, self.env_action_dim, self.actions_per_chunk = normalizer, env_action_dim, actions_per_chunk
-        self.noise_level, self.stochastic_steps = noise_level, stochastic_steps
+        self.noise_level, self.rl_noise = noise_level, rl_noise
+        self.stochastic_steps = resolved_stochastic_steps(stochastic_steps, rl_noise)
 
     def normalized_actions(self, policy: nn.Module, batch: Pi0Inputs, generator: torch.Generator) -> torch.Tensor:
         """`Pi0Policy.sample_actions` from noise drawn with `generator`: float32 [B, H, action_dim], normalised."""
@@ -156,8 +178,13 @@ class Pi0Decoder:
         return np.asarray(actions[:, : self.actions_per_chunk, : self.env_action_dim], dtype=np.float64)
 
     def sample_chain(self, policy: Pi0Policy, batch: Pi0Inputs, generator: torch.Generator) -> FlowChain:
-        """A Flow-SDE chain per row, drawn with `generator` (the noise, then the stochastic step of each row, then
-        the steps' draws): one stochastic step, or all of them (`stochastic_steps`)."""
+        """A Flow-SDE or Flow-Noise chain per row (the policy has a noise head exactly for Flow-Noise), drawn with
+        `generator` (the noise, then the stochastic step of each row, then the steps' draws): one stochastic step,
+        or all of them (`stochastic_steps`)."""
+        if (policy.noise_head is not None) != (self.rl_noise == "flow_noise"):
+            has = "has" if policy.noise_head is not None else "lacks"
+            raise ValueError(f"rl_noise={self.rl_noise} but the policy {has} a noise head: build it with the source "
+                             "the decoder came from (Pi0Source.rl_noise)")
         rows, device, steps = len(batch.state), batch.state.device, policy.spec.num_steps
         noise = policy.sample_noise(rows, device, generator)
         if self.stochastic_steps == "all":
@@ -178,7 +205,7 @@ class Pi0Decoder:
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """(tokens float32[B, chunk*env_action_dim]: the played normalised actions; logprobs float32[B, 1]: the
         chunk's; actions float64[B, chunk, env_action_dim]; sampled: the chain's record, empty noise-free) of the
-        engine's policy. `greedy`: noise-free (evaluation), else a Flow-SDE chain (RL)."""
+        engine's policy. `greedy`: noise-free (evaluation), else a Flow-SDE or Flow-Noise chain (RL)."""
         del temperature  # the noise level plays its part
         policy, generator = engine.policy, engine.generator
         assert isinstance(policy, Pi0Policy)
@@ -187,9 +214,9 @@ class Pi0Decoder:
         else:
             chain = self.sample_chain(policy, batch, generator)
             normalized_t, logprobs = chain.actions, chain.logprobs.sum(dim=1, keepdim=True)
-            level = np.full(len(chain.actions), self.noise_level, dtype=np.float32)
-            sampled = {"chain": chain.chain.cpu().numpy(), "stochastic": chain.stochastic.cpu().numpy(),
-                       "noise_level": level}
+            sampled = {"chain": chain.chain.cpu().numpy(), "stochastic": chain.stochastic.cpu().numpy()}
+            if self.rl_noise == "flow_sde":
+                sampled["noise_level"] = np.full(len(chain.actions), self.noise_level, dtype=np.float32)
         normalized = normalized_t.cpu().numpy()
         played = normalized[:, : self.actions_per_chunk, : self.env_action_dim]
         tokens = np.ascontiguousarray(played.reshape(len(played), -1), dtype=np.float32)
@@ -200,10 +227,14 @@ class Pi0Decoder:
 class Pi0Scorer:
     """The actor's side of the chain (`ChunkScorer`): a recorded chunk's log-prob again, with gradients, as the
     rollout computed it (`Pi0Policy.chain_logprobs` on the stochastic steps, summed over `chunk_mask`), and the
-    entropy of those steps' Gaussians over the same elements."""
+    entropy of those steps' Gaussians over the same elements (Flow-SDE's in closed form, Flow-Noise's from the
+    learned stds of the same pass)."""
 
-    def __init__(self, spec: Pi0Spec, env_action_dim: int, actions_per_chunk: int):
+    def __init__(self, spec: Pi0Spec, env_action_dim: int, actions_per_chunk: int, rl_noise: str = "flow_sde"):
+        if rl_noise not in RL_NOISES:
+            raise ValueError(f"rl_noise={rl_noise!r}: choose one of {RL_NOISES}")
         self.spec, self.mask = spec, chunk_mask(spec, env_action_dim, actions_per_chunk)
+        self.rl_noise = rl_noise
 
     def logprobs(self, forward: Callable[..., Any], policy: nn.Module, inputs: Pi0Prepared, tokens: Tensor,
                  sampled: dict[str, Tensor], device: torch.device, temperature: float, trim: bool, **critic: bool
@@ -214,11 +245,16 @@ class Pi0Scorer:
         with a value head, whose values come from the same prefix pass."""
         del policy, tokens, temperature, trim
         if "chain" not in sampled:
-            raise ValueError("the rollout recorded no Flow-SDE chain to score (Decoded.sampled was empty: a "
+            raise ValueError("the rollout recorded no denoising chain to score (Decoded.sampled was empty: a "
                              "noise-free decode)")
         chain, stochastic = sampled["chain"].to(device), sampled["stochastic"].to(device).bool()
-        level = sampled["noise_level"].to(device)
         mask = self.mask.to(device)
+        if self.rl_noise == "flow_noise":
+            out = forward(inputs.on(device), chain=chain, stochastic=stochastic, mask=mask, with_entropy=True,
+                          **critic)
+            (steps, entropies), values = out if critic else (out, None)
+            return steps.sum(dim=1, keepdim=True), entropies.sum(dim=1, keepdim=True).detach, values
+        level = sampled["noise_level"].to(device)
         out = forward(inputs.on(device), chain=chain, noise_level=level, stochastic=stochastic, mask=mask, **critic)
         steps, values = out if critic else (out, None)
         return steps.sum(dim=1, keepdim=True), self.entropy(stochastic, level, mask).detach, values

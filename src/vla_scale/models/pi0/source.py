@@ -7,8 +7,11 @@ What fits an env: the env's action and proprio sizes at most the model's action 
 zero-padded to it), at most `num_images` cameras (the first ones, primary first; slots left over are masked). What
 fits demonstrations: a horizon no longer than the shortest episode (its chunks would be mostly padding), prompts
 within the budget. The rollout engine decodes it (`processor`, `chunk_decoder`: `models/pi0/rollout.py`): noise-free
-for evaluation, a Flow-SDE chain of noise level `noise_level` for RL, whose chunks the actor scores again
-(`chunk_scorer`); GRPO and PPO train it (PPO's value head reads the PaliGemma prefix, `value_width` wide).
+for evaluation, for RL a Flow-SDE chain of noise level `noise_level` or a Flow-Noise chain (`rl_noise`), whose chunks
+the actor scores again (`chunk_scorer`); GRPO and PPO train it (PPO's value head reads the PaliGemma prefix,
+`value_width` wide). With Flow-Noise every policy it builds carries the noise head (`noise_std` its bounds): loaded
+from the checkpoint folder's `noise_head.safetensors` when it has one, else freshly initialised (an SFT folder), as
+`describe` says.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from vla_scale.datasets.episodes import Episode
 from vla_scale.envs.registry import simulator
 from vla_scale.models.interface import EnvKeys
 from vla_scale.models.kernels import use_kernels
+from vla_scale.models.pi0.noise_head import FILE as NOISE_HEAD_FILE
+from vla_scale.models.pi0.noise_head import STD_BOUNDS
 from vla_scale.models.pi0.normalize import NormStats, Pi0Normalizer, norm_stats_of
 from vla_scale.models.pi0.spec import Pi0Spec
 from vla_scale.models.pi0.tokenizer import PaliGemmaTokenizer
@@ -54,8 +59,12 @@ class Pi0Source:
         self._policy: Pi0Policy | None = None
         self.noise_level = 0.5
         """RL's Flow-SDE noise level (`model.pi0.noise_level`)."""
-        self.stochastic_steps = "one"
-        """Which steps of RL's Flow-SDE chain are stochastic (`model.pi0.stochastic_steps`)."""
+        self.stochastic_steps = ""
+        """Which steps of RL's chain are stochastic (`model.pi0.stochastic_steps`; '': the method's)."""
+        self.rl_noise = "flow_sde"
+        """How RL's chain is made stochastic (`model.pi0.rl_noise`): flow_sde or flow_noise."""
+        self.noise_std = STD_BOUNDS
+        """Flow-Noise's std bounds (min, max) (`model.pi0.noise_std_min`, `noise_std_max`)."""
         self.kernels = "eager"
         """The kernels every policy it builds runs (`model.kernels`, `models/kernels.py`)."""
 
@@ -158,13 +167,18 @@ class Pi0Source:
         from vla_scale.models.pi0.rollout import Pi0Decoder
 
         return Pi0Decoder(self.normalizer(), simulator(self.env).action_dim, self.actions_per_chunk,
-                          self.noise_level, self.stochastic_steps)
+                          self.noise_level, self.stochastic_steps, self.rl_noise)
 
     def chunk_scorer(self) -> Pi0Scorer:
         """What the actor scores the rollout's chains with: their log-probs again, with gradients."""
         from vla_scale.models.pi0.rollout import Pi0Scorer
 
-        return Pi0Scorer(self.spec, simulator(self.env).action_dim, self.actions_per_chunk)
+        return Pi0Scorer(self.spec, simulator(self.env).action_dim, self.actions_per_chunk, self.rl_noise)
+
+    @property
+    def noise_head_std(self) -> tuple[float, float] | None:
+        """The noise head's std bounds for the policies it builds (Flow-Noise), else None (no head)."""
+        return self.noise_std if self.rl_noise == "flow_noise" else None
 
     def unfilled_policy(self) -> Pi0Policy:
         """A policy of the spec without initialising its weights: the trainer's engine, which the first sync fills."""
@@ -173,7 +187,7 @@ class Pi0Source:
         from vla_scale.models.pi0.policy import Pi0Policy
 
         with initialization.no_init_weights():
-            return use_kernels(Pi0Policy(self.spec), self.kernels)
+            return use_kernels(Pi0Policy(self.spec, noise_std=self.noise_head_std), self.kernels)
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
         """The decoded actions in the env's convention: they are already (openpi's outputs are played as they
@@ -199,7 +213,17 @@ class Pi0Source:
         return (f"{self.source}: {'π0.5' if spec.pi05 else 'π0'}, images {'+'.join(self.cameras)} {rendered}"
                 f"resized with padding to {spec.vision.image_size} in {spec.num_images} slots; chunks of "
                 f"{spec.action_horizon} x {spec.action_dim}, {spec.num_steps} Euler steps; prompts of up to "
-                f"{spec.max_token_len} tokens ({self.tokenizer.path.name}); {stats}")
+                f"{spec.max_token_len} tokens ({self.tokenizer.path.name}); {stats}{self._noise_head_note()}")
+
+    def _noise_head_note(self) -> str:
+        """Where a Flow-Noise policy's noise head comes from ('' without one)."""
+        if self.noise_head_std is None:
+            return ""
+        bounds = f"stds in [{self.noise_std[0]}, {self.noise_std[1]}]"
+        if self.weights and (Path(self.weights) / NOISE_HEAD_FILE).is_file():
+            return f"; RL's Flow-Noise head ({bounds}) from {Path(self.weights) / NOISE_HEAD_FILE}"
+        where = f"{self.weights} has no {NOISE_HEAD_FILE}" if self.weights else "a fresh policy"
+        return f"; RL's Flow-Noise head ({bounds}) freshly initialised ({where})"
 
     # ---- supervised fine-tuning ------------------------------------------------------------------------------------
     def demonstration_problems(self, episodes: Sequence[Episode]) -> list[str]:
@@ -231,6 +255,7 @@ class Pi0Source:
                            self.weights, self.weights_asset, self._actions_per_chunk)
         source.noise_level, source.stochastic_steps, source.kernels = (self.noise_level, self.stochastic_steps,
                                                                         self.kernels)
+        source.rl_noise, source.noise_std = self.rl_noise, self.noise_std
         return source
 
     def demonstrations(self, episodes: Sequence[Episode], augmentation: str = "auto") -> Pi0Demonstrations:
@@ -250,16 +275,20 @@ class Pi0Source:
     # ---- weights ---------------------------------------------------------------------------------------------------
     def new_policy(self, zero3_init: bool = False) -> Pi0Policy:
         """The policy (the expert's LM head, which never runs, frozen): freshly initialised, or the weights of the
-        checkpoint folder it came from (copied into ZeRO-3 shards under `zero3_init`), with `kernels`."""
+        checkpoint folder it came from (copied into ZeRO-3 shards under `zero3_init`), with `kernels`. A Flow-Noise
+        policy's noise head comes from the folder's `noise_head.safetensors`, else stays freshly initialised."""
         from vla_scale.models.checkpoint_io import copy_tensors
-        from vla_scale.models.pi0.checkpoint import read_pi0_folder
+        from vla_scale.models.pi0.checkpoint import read_noise_head, read_pi0_folder
+        from vla_scale.models.pi0.noise_head import PREFIX
         from vla_scale.models.pi0.policy import Pi0Policy
 
-        policy = Pi0Policy.from_spec(self.spec, zero3_init=zero3_init)
+        policy = Pi0Policy.from_spec(self.spec, zero3_init=zero3_init, noise_std=self.noise_head_std)
         if self.weights:
             _, state, _, _, _ = read_pi0_folder(self.weights, self.weights_asset or None, check_shapes=False)
+            if policy.noise_head is not None:
+                state = {**state, **read_noise_head(self.weights, self.spec)}
             names = dict(policy.named_parameters())  # one name of each tied pair, as the policy holds it
-            copy_tensors(policy, ((n, t) for n, t in state.items() if n in names), zero3_init)
+            copy_tensors(policy, ((n, t) for n, t in state.items() if n in names), zero3_init, fresh=(PREFIX,))
         return use_kernels(policy, self.kernels)
 
     def identity_stats(self) -> dict[str, NormStats]:
@@ -271,13 +300,14 @@ class Pi0Source:
 
     def write_folder(self, module: nn.Module, tensors: dict[str, Tensor], folder: str) -> None:
         """The gathered `tensors` as an openpi-layout folder with the norm stats and the tokenizer file
-        (`models/pi0/checkpoint.write_pi0_folder`)."""
+        (`models/pi0/checkpoint.write_pi0_folder`; a noise head's tensors beside, in `noise_head.safetensors`)."""
         import torch
 
         from vla_scale.models.pi0.checkpoint import write_pi0_folder
+        from vla_scale.models.pi0.noise_head import PREFIX
         from vla_scale.models.pi0.policy import Pi0Policy
 
-        policy = Pi0Policy(self.spec)
+        policy = Pi0Policy(self.spec, noise_std=self.noise_std if any(k.startswith(PREFIX) for k in tensors) else None)
         with torch.no_grad():
             policy.load_openpi_state_dict({k: v.float() for k, v in tensors.items()})
         stats = self.norm_stats or self.identity_stats()
