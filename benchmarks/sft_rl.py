@@ -75,7 +75,7 @@ class Recipe:
     sft_steps: int
     sft_lr: float
     rl_steps: int
-    rl: list[str] = field(default_factory=list)
+    algo_rl: dict[str, list[str]] = field(default_factory=dict)
     family_rl: dict[str, list[str]] = field(default_factory=dict)
     dry_run: list[str] = field(default_factory=list)
 
@@ -88,15 +88,16 @@ RECIPES = {
     "metaworld_mt10": Recipe(
         task=["env=metaworld_mt10", "env.camera_resolution=64"], demo=[],
         policies=METAWORLD_POLICIES, demos=200, first_steps=0, sft_steps=2000, sft_lr=1e-3, rl_steps=20,
-        rl=["algo.batch_size=10"], family_rl={"pi0": ["model.pi0.noise_level=1.0"]},
+        algo_rl={"grpo": ["algo.batch_size=10"], "ppo": ["algo.batch_size=80"]},
+        family_rl={"pi0": ["model.pi0.noise_level=1.0"]},
         dry_run=["env.num_tasks=2", "env.num_eval_init_states=1", "env.max_steps=60", "env.camera_resolution=32"]),
 }
 """The recipes docs/performance.md's tables were measured with. pick_place: one noise-free demonstration per task
 and TRAIN init state (4 x 80), the gripper starting within 0.15 m of the table's centre; 1000 SFT steps of 64
 examples on the first 8 steps of each demonstration, then 1000 on whole demonstrations; 200 RL steps. MT10: 20
 noise-free expert demonstrations a task (docs/performance.md says why so few), 2000 SFT steps on whole
-demonstrations, 20 RL steps of 10 groups (every step plays each of the ten tasks once a group; π0 at Flow-SDE noise
-level 1.0, which beat 0.5 on pick_place)."""
+demonstrations, 20 RL steps of 80 episodes (GRPO: 10 groups of 8, each of the ten tasks once a group; PPO: 80
+episodes of groups of one, each task 8 times; π0 at Flow-SDE noise level 1.0, which beat 0.5 on pick_place)."""
 
 
 def parse() -> argparse.Namespace:
@@ -163,9 +164,7 @@ def pipeline(args: argparse.Namespace, seed: int) -> dict[str, float]:
         return {"seed": seed, "sft": sft_rate, "rl": math.nan, "minutes": sft_minutes,
                 "sft_tasks": task_rates(sft_dir / "sft_eval"), "rl_tasks": {}}
     start = time.perf_counter()
-    rl = [*RL[args.algo], *recipe.rl, *recipe.family_rl.get(args.family, []), *args.rl_args]
-    if args.dry_run:
-        rl += ["algo.batch_size=2", "algo.group_size=2", "algo.mini_batches=1", "algo.critic.warmup_steps=0"]
+    rl = rl_overrides(args, recipe)
     run("train", *task, f"model.checkpoint={sft_dir / 'sft'}", *rl, f"steps={args.rl_steps}",
         f"eval_every={max(1, args.rl_steps // 5)}", f"save_every={args.rl_steps}", f"run_dir={out / 'rl'}")
     rl_rate = last_value(run("eval", *task, f"model.checkpoint={out / 'rl'}", f"run_dir={out / 'rl_eval'}"),
@@ -174,6 +173,15 @@ def pipeline(args: argparse.Namespace, seed: int) -> dict[str, float]:
     (out / "minutes.json").write_text(json.dumps({**minutes, "sft_success": sft_rate}))
     return {"seed": seed, "sft": sft_rate, "rl": rl_rate, "minutes": sum(minutes.values()),
             "sft_tasks": task_rates(sft_dir / "sft_eval"), "rl_tasks": task_rates(out / "rl_eval")}
+
+
+def rl_overrides(args: argparse.Namespace, recipe: Recipe) -> list[str]:
+    """launch/train.py's overrides of the RL run (after the task's): the algorithm's, the recipe's for it and for the
+    family, `--rl-args`; toy sizes in a dry run."""
+    rl = [*RL[args.algo], *recipe.algo_rl.get(args.algo, []), *recipe.family_rl.get(args.family, []), *args.rl_args]
+    if args.dry_run:
+        rl += ["algo.batch_size=2", "algo.group_size=2", "algo.mini_batches=1", "algo.critic.warmup_steps=0"]
+    return rl
 
 
 def task_rates(eval_dir: Path) -> dict[str, float]:

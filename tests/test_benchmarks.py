@@ -340,3 +340,23 @@ def test_goal_pixels_counts_the_goal_site_growing_with_the_resolution():
                  for r, line in zip((64, 128), lines[-2:], strict=True))
     assert low and high and 0 < int(low[1]) < int(high[1])
     assert re.fullmatch(r"\| reach-v3 \| \d+ \| \d+ \|", lines[2])
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_sft_rl_mt10_recipe_plays_every_task_equally_often_in_80_episodes_a_step(algo):
+    from argparse import Namespace
+
+    from hydra import compose, initialize_config_dir
+
+    from vla_scale.config import register_configs, to_config
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import sft_rl
+
+    recipe = sft_rl.RECIPES["metaworld_mt10"]
+    args = Namespace(algo=algo, family="oft", rl_args=[], dry_run=False)
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = to_config(compose(config_name="config", overrides=[*recipe.task, *sft_rl.rl_overrides(args, recipe)]))
+    assert cfg.algo.name == algo and cfg.algo.batch_size * cfg.algo.group_size == 80
+    assert cfg.algo.batch_size % cfg.env.num_tasks == 0  # task rounds: each of the ten tasks alike

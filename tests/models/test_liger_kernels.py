@@ -96,25 +96,27 @@ def run(call: Callable[..., Tensor | Sequence[Tensor]], module: nn.Module | None
 
 
 def errors(eager: tuple[list[Tensor], dict[str, Tensor | None]], liger: tuple[list[Tensor], dict[str, Tensor | None]]
-           ) -> tuple[float, float]:
-    """(largest output error, largest gradient error); a gradient one side has and the other lacks fails."""
+           ) -> tuple[float, float, str]:
+    """(largest output error, largest gradient error, the name of that gradient with its scale); a gradient one side
+    has and the other lacks fails."""
     out = max(relative(a, b) for a, b in zip(liger[0], eager[0], strict=True))
     assert liger[1].keys() == eager[1].keys()
-    grad = 0.0
+    grad, worst = 0.0, ""
     for name, want in eager[1].items():
         got = liger[1][name]
         assert (got is None) == (want is None), name
-        if want is not None:
-            grad = max(grad, relative(got, want))
-    return out, grad
+        if want is not None and relative(got, want) > grad:
+            grad, worst = relative(got, want), f"{name}, largest |eager gradient| {want.abs().max().item():.2e}"
+    return out, grad, worst
 
 
 def compare(name: str, dtype: str, call: Callable[..., Tensor | Sequence[Tensor]], eager: nn.Module | None,
             liger: nn.Module | None, inputs: Sequence[Tensor], needs_grad: Sequence[bool],
             bounds: tuple[float, float], liger_call: Callable[..., Tensor | Sequence[Tensor]] | None = None) -> None:
-    out, grad = errors(run(call, eager, inputs, needs_grad), run(liger_call or call, liger, inputs, needs_grad))
+    out, grad, worst = errors(run(call, eager, inputs, needs_grad),
+                              run(liger_call or call, liger, inputs, needs_grad))
     print(f"parity {name} {dtype}: outputs {out:.2e} (bound {bounds[0]:.0e}), gradients {grad:.2e} "
-          f"(bound {bounds[1]:.0e})")
+          f"(bound {bounds[1]:.0e}; the largest: {worst})")
     assert out <= bounds[0] and grad <= bounds[1], (name, dtype, out, grad)
 
 
@@ -238,6 +240,9 @@ def pi0_case(pi05: bool, dtype: torch.dtype) -> tuple[Pi0Policy, Pi0Inputs]:
     return policy.to(CUDA, dtype), moved
 
 
+@pytest.mark.xfail(strict=True, reason="measured on an H100 (liger-kernel 0.8.5): the outputs agree (3e-7 in fp32) "
+                   "but the largest gradient error is 1.3-2.7 relative while every swapped layer alone agrees; "
+                   "model.kernels=liger is refused for π0 / π0.5 (run_policy) until this passes")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])
 def test_a_whole_pi0_policy_trains_and_decodes_as_the_eager_one(pi05, dtype):
