@@ -288,20 +288,25 @@ def test_rl_step_pair_in_two_calls_the_anchors_alone_then_ours_against_their_row
     assert any(f"the anchors' rows from {saved} (cpu)" in line for line in lines)
 
 
-def test_rl_step_pair_refuses_before_building_what_cannot_be_compared(tmp_path):
+def test_rl_step_pair_refuses_before_building_what_cannot_be_compared(tmp_path, monkeypatch, capsys):
     saved = tmp_path / "anchors.json"
     shape = {"model": "tiny", "groups": 12, "group_size": 8, "max_steps": 64, "sim_ms": 0.0, "workers": 2, "sims": 6,
              "lora_rank": 0, "dry_run": False}
     saved.write_text(json.dumps({"shape": shape, "rows": [{"way": "anchors", "step_s": 1.0}]}))
-    script = [sys.executable, str(ROOT / "benchmarks" / "rl_step.py"), "--model", "tiny"]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import rl_step  # parse() refuses before the script builds anything
+
     cases = [(["--anchors-from", str(saved), "--groups", "3"], "--groups 12 there, 3 here. Give this run the same"),
              (["--anchors-from", str(tmp_path / "missing.json")], "not the --json of an --only-anchors run"),
              (["--only-anchors"], "give --json FILE"),
              (["--only-anchors", "--only-ours", "--json", str(saved)], "leave out --only-ours")]
     for extra, says in cases:
-        proc = subprocess.run([*script, *extra], cwd=ROOT, env=script_env(), capture_output=True, text=True,
-                              timeout=120)
-        assert proc.returncode == 2 and says in proc.stderr, (extra, proc.stderr[-2000:])
+        monkeypatch.setattr(sys, "argv", ["rl_step.py", "--model", "tiny", *extra])
+        with pytest.raises(SystemExit) as exit_:
+            rl_step.parse()
+        assert exit_.value.code == 2 and says in capsys.readouterr().err, extra
+    monkeypatch.setattr(sys, "argv", ["rl_step.py", "--model", "tiny", "--anchors-from", str(saved)])
+    assert rl_step.parse().only_ours  # the same shape: our way only, against the saved rows
 
 
 def test_pi0_scale_counts_the_grouped_query_attention_as_matmuls_of_the_same_result():
