@@ -226,8 +226,7 @@ def rl_steps(args: argparse.Namespace) -> list[dict]:
 
     substeps = rl_step.substeps_for(args.sim_ms)
     extra = [f"model.pi0.tokenizer={TOKENIZER}", f"model.pi0.action_horizon={args.horizon}",
-             f"model.pi0.num_steps={args.num_steps}", f"model.kernels={args.kernels}",
-             *(["model.pi0.max_token_len=24"] if args.dry_run else [])]
+             f"model.pi0.num_steps={args.num_steps}", *(["model.pi0.max_token_len=24"] if args.dry_run else [])]
     cfg = rl_step.trainer_config(args, substeps, shrink=False, extra=extra)
     cap = rl_step.cap_memory(args.memory_gib) if args.memory_gib else "no memory cap"
     start = time.perf_counter()

@@ -146,6 +146,9 @@ def parse() -> argparse.Namespace:
                         "parameters; for a model with timm towers (oft_7b), which do not shrink, its plan and memory "
                         "arithmetic at its size instead, no weight built")
     p.add_argument("--json", default="", help="write every figure here too")
+    p.add_argument("--kernels", default="eager", choices=("eager", "liger"),
+                   help="model.kernels of our way (liger: Liger Kernel's Triton kernels; the anchors' way is then "
+                        "left out, as their trainers run the eager layers, unless --anchors-from gives their rows)")
     args = p.parse_args()
     args.shape = {k: getattr(args, k) for k in SHAPE_KEYS} | {"dry_run": args.dry_run}  # as asked, before a dry run
     problem = split_problem(args)
@@ -203,7 +206,7 @@ def trainer_config(args: argparse.Namespace, substeps: int, gpu: bool | None = N
     samples = episodes * -(-args.max_steps // 8)
     overrides = [
         f"model={args.model}", "model.proprio_dim=4", f"model.lora.rank={args.lora_rank}",  # the reach task's proprio
-        f"model.action_head={args.action_head}",
+        f"model.action_head={args.action_head}", f"model.kernels={getattr(args, 'kernels', 'eager')}",
         *algo_overrides(args),
         "algo.mini_batches=1", f"algo.micro_batches={max(1, samples // args.micro_batch)}",
         "algo.old_logprobs=recompute", "algo.old_logprobs_from_update=true", "deepspeed.stream_optimizer_states=true",
@@ -735,8 +738,8 @@ def main(args: argparse.Namespace) -> None:
     if args.algo == "ppo" and not args.run_algo:
         beside_grpo(args)
         return
-    if args.action_head == "l1":
-        args.only_ours = True  # the anchors' trainers decode LM-head bins only
+    if args.action_head == "l1" or args.kernels != "eager":
+        args.only_ours = True  # the anchors' trainers decode LM-head bins only, through the eager layers
     if args.dry_run and (full := trainer_config(args, 0, gpu=True, shrink=False, check=False)).model.timm_model_ids:
         print(f"rl_step dry run: model={args.model}'s pretrained-architecture (timm) vision towers do not shrink to a "
               "CPU run: the plan and its memory arithmetic at the model's size only, its weights are not built (the "

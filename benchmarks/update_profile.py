@@ -77,6 +77,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--loop-steps", type=int, default=0,
                    help="whole RL steps timed after the warm-up one (the update inside the loop, beside the rollout "
                         "ahead with --max-staleness 1)")
+    p.add_argument("--kernels", default="eager", choices=("eager", "liger"),
+                   help="model.kernels of the profiled update (liger: Liger Kernel's Triton kernels, on a GPU)")
     p.add_argument("--dry-run", action="store_true", help="CPU: the whole script at a tiny size, in seconds")
     args = p.parse_args()
     for name, value in (("lora_rank", 0), ("precision", "bf16"), ("action_head", "tokens"), ("run_algo", ""),

@@ -365,3 +365,13 @@ def test_sft_rl_mt10_recipe_plays_every_task_equally_often_in_80_episodes_a_step
         cfg = to_config(compose(config_name="config", overrides=[*recipe.task, *sft_rl.rl_overrides(args, recipe)]))
     assert cfg.algo.name == algo and cfg.algo.batch_size * cfg.algo.group_size == 80
     assert cfg.algo.batch_size % cfg.env.num_tasks == 0  # task rounds: each of the ten tasks alike
+
+
+def test_rl_step_with_liger_kernels_is_refused_where_there_is_no_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("checks the refusal on a machine without a GPU")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rl_step.py"), "--model", "tiny", "--dry-run",
+                           "--kernels", "liger"], cwd=ROOT, env=script_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert "model.kernels=liger runs Liger Kernel's Triton kernels on a CUDA GPU" in proc.stdout + proc.stderr
