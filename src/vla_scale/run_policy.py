@@ -146,21 +146,12 @@ def _checkpoint_vla(model: ModelConfig, env: EnvConfig, instructions: list[str])
         raise ConfigError(f"model.checkpoint={model.checkpoint!r}: {err}") from err
 
 
-KERNEL_FAMILIES = ("oft",)
-"""The families whose whole policy's values and gradients with `model.kernels=liger` match the eager ones on a GPU."""
-
-
 def vla_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[str] = ()) -> Any:
     """The policy of a run on `env` (a `models/interface.PolicySource` of `model.family`): `model.checkpoint`'s,
     else a fresh one; raises ConfigError naming every key that does not fit, before any simulator starts.
     `explicit`: the keys the command line set (`model.*` ones a checkpoint contradicts are refused rather than
-    silently replaced by the checkpoint's values). `model.kernels` is refused first where it cannot run or is not
-    exact for the family."""
+    silently replaced by the checkpoint's values). `model.kernels` is refused first where it cannot run."""
     family = checkpoint_family_of(model, explicit)
-    if model.kernels != "eager" and family not in KERNEL_FAMILIES:
-        raise ConfigError(f"model.kernels={model.kernels} is not yet exact for the {family} family: a whole π0 / π0.5 "
-                          "policy's gradients with Liger's kernels differ from the eager ones (tests/models/"
-                          "test_liger_kernels.py, on a GPU) though each layer alone agrees; set model.kernels=eager")
     problem = kernels_problem(model.kernels)
     if problem:
         raise ConfigError(problem)

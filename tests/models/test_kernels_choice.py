@@ -1,6 +1,6 @@
 """`model.kernels` where no GPU is: the default (eager) builds each family's policy exactly as it was built before the
 key existed, and liger is refused in one line naming the fix before anything is built (the GPU parity of Liger's
-layers: tests/models/test_liger_kernels.py)."""
+layers: tests/models/test_liger_kernels.py, whose one exemption is checked here)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
 from vla_scale.models.kernels import KERNELS, kernels_problem, use_kernels
 from vla_scale.models.oft.policy import OFTPolicy
-from vla_scale.models.pi0.policy import Pi0Policy
+from vla_scale.models.pi0.policy import Pi0Inputs, Pi0Policy
+from vla_scale.models.pi0.spec import tiny_spec
 from vla_scale.models.statistics import dataset_statistics
 from vla_scale.run_policy import vla_for_env
 
@@ -92,10 +93,9 @@ def test_liger_is_refused_without_a_gpu_in_one_line_naming_the_fix(model):
     problem = kernels_problem("liger")
     assert problem == ("model.kernels=liger runs Liger Kernel's Triton kernels on a CUDA GPU and this machine has "
                        "none: set model.kernels=eager")
-    if model.family == "oft":
-        with pytest.raises(ConfigError) as err:
-            vla_for_env(replace(model, kernels="liger"), EnvConfig())
-        assert str(err.value) == problem
+    with pytest.raises(ConfigError) as err:
+        vla_for_env(replace(model, kernels="liger"), EnvConfig())
+    assert str(err.value) == problem
     policy = vla_for_env(model, EnvConfig()).new_policy()
     kinds = [type(m) for m in policy.modules()]
     with pytest.raises(RuntimeError, match="set model.kernels=eager"):
@@ -103,7 +103,24 @@ def test_liger_is_refused_without_a_gpu_in_one_line_naming_the_fix(model):
     assert [type(m) for m in policy.modules()] == kinds
 
 
-def test_liger_is_refused_for_pi0_on_any_machine_until_its_whole_policy_is_exact():
-    with pytest.raises(ConfigError, match=r"model.kernels=liger is not yet exact for the pi0 family: .* set "
-                                          r"model.kernels=eager"):
-        vla_for_env(replace(PI0, kernels="liger"), EnvConfig())
+def test_siglips_key_bias_gets_no_gradient_but_rounding():
+    """The premise of the π0 parity test's exemption (tests/models/test_liger_kernels.py,
+    ZERO_IN_EXACT_ARITHMETIC): a bias added to every key shifts a query's logits by one constant, which the softmax
+    takes out, so its gradient is rounding, many orders below the model's largest."""
+    torch.manual_seed(0)
+    policy = Pi0Policy.from_spec(tiny_spec(False)).train()
+    with torch.no_grad():
+        for param in policy.parameters():
+            param.normal_(0.0, 0.2)
+    s, g = policy.spec, torch.Generator().manual_seed(1)
+    batch = Pi0Inputs(
+        images=torch.rand(2, s.num_images, 3, s.vision.image_size, s.vision.image_size, generator=g) * 2 - 1,
+        image_masks=torch.ones(2, s.num_images, dtype=torch.bool),
+        tokens=torch.randint(1, s.vocab_size, (2, s.max_token_len), generator=g),
+        token_masks=torch.ones(2, s.max_token_len, dtype=torch.bool), state=torch.randn(2, s.action_dim, generator=g))
+    noise, actions = (torch.randn(2, s.action_horizon, s.action_dim, generator=g) for _ in range(2))
+    policy.flow_loss(batch, actions, noise, torch.tensor([0.3, 0.8])).sum().backward()
+    grads = {name: p.grad.abs().max().item() for name, p in policy.named_parameters() if p.grad is not None}
+    key_biases = {name: v for name, v in grads.items() if name.endswith(".self_attn.k_proj.bias")}
+    assert key_biases and "vision" in next(iter(key_biases))
+    assert max(key_biases.values()) < 1e-5 * max(grads.values()), key_biases

@@ -4,7 +4,8 @@ Each swapped layer, forward and backward, in float32 and bfloat16: its outputs a
 parameters against the eager layer's, from the same weights, inputs and output gradients; then whole policies (a
 tiny OFT policy of the official layout with grouped-query attention, a tiny π0 and π0.5: the loss forward and
 backward), π0's decode, and OFT's rollout engine on both paths. Errors are relative to the eager tensor's largest
-magnitude, `max|liger - eager| / max|eager|`, the largest over every tensor compared. The bounds below allow for
+magnitude, `max|liger - eager| / max|eager|`, the largest over every tensor compared (a gradient that is zero in
+exact arithmetic against the model's largest: `ZERO_IN_EXACT_ARITHMETIC`). The bounds below allow for
 float32 the order of float sums, for bfloat16 a few roundings of 2^-8 each (a layer) and their growth through a
 few layers and the backward pass (a policy); each test prints the errors it measured (`pytest -s`).
 """
@@ -63,12 +64,19 @@ POLICY_BOUNDS = {  # (outputs, gradients) of whole policies
 }
 
 
-def relative(got: Tensor, want: Tensor) -> float:
-    """max|got - want| / max|want| (0 where both are all zeros)."""
+def relative(got: Tensor, want: Tensor, scale: float | None = None) -> float:
+    """max|got - want| / max|want| (0 where both are all zeros), or over `scale` where one is given."""
     got, want = got.detach().float(), want.detach().float()
-    scale = want.abs().max()
-    error = (got - want).abs().max()
-    return float(error / scale) if scale > 0 else float(error)
+    scale = float(want.abs().max()) if scale is None else scale
+    error = float((got - want).abs().max())
+    return error / scale if scale > 0 else error
+
+
+ZERO_IN_EXACT_ARITHMETIC = (".self_attn.k_proj.bias",)
+"""Gradients that are zero in exact arithmetic: a bias added to every key moves all of a query's logits by one
+constant, which the softmax takes out (SigLIP's attention has one). What either side computes for them is rounding
+(about 1e-8 where the model's gradients are 1-50, in float32), so they are judged against the model's largest
+gradient, not their own."""
 
 
 def swapped(module: nn.Module) -> nn.Module:
@@ -101,12 +109,16 @@ def errors(eager: tuple[list[Tensor], dict[str, Tensor | None]], liger: tuple[li
     has and the other lacks fails."""
     out = max(relative(a, b) for a, b in zip(liger[0], eager[0], strict=True))
     assert liger[1].keys() == eager[1].keys()
+    largest = max((float(g.abs().max()) for g in eager[1].values() if g is not None), default=0.0)
     grad, worst = 0.0, ""
     for name, want in eager[1].items():
         got = liger[1][name]
         assert (got is None) == (want is None), name
-        if want is not None and relative(got, want) > grad:
-            grad, worst = relative(got, want), f"{name}, largest |eager gradient| {want.abs().max().item():.2e}"
+        if want is None:
+            continue
+        error = relative(got, want, largest if name.endswith(ZERO_IN_EXACT_ARITHMETIC) else None)
+        if error > grad:
+            grad, worst = error, f"{name}, largest |eager gradient| {want.abs().max().item():.2e}"
     return out, grad, worst
 
 
@@ -240,9 +252,6 @@ def pi0_case(pi05: bool, dtype: torch.dtype) -> tuple[Pi0Policy, Pi0Inputs]:
     return policy.to(CUDA, dtype), moved
 
 
-@pytest.mark.xfail(strict=True, reason="measured on an H100 (liger-kernel 0.8.5): the outputs agree (3e-7 in fp32) "
-                   "but the largest gradient error is 1.3-2.7 relative while every swapped layer alone agrees; "
-                   "model.kernels=liger is refused for π0 / π0.5 (run_policy) until this passes")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])
 def test_a_whole_pi0_policy_trains_and_decodes_as_the_eager_one(pi05, dtype):
