@@ -25,7 +25,8 @@ out as matmuls while it counts, `attention_as_matmuls`: the same multiply-adds, 
 `--kernels liger` runs our policy with Liger Kernel's Triton kernels (`model.kernels`, models/kernels.py).
 
 Last line: `pi0_scale: model=<m> kernels=<k> decode_s=<ours> openpi_s=<openpi eager, or nan> ratio=<openpi / ours>
-step_s=<mean, or nan> peak_gib=<the steps' peak> vs_openpi_compiled=<openpi compiled / ours, or nan>
+step_s=<mean, or nan> peak_gib=<the steps' peak> decode_mfu=<our decode's model FLOPs / its seconds / the matmul
+rate> vs_openpi_compiled=<openpi compiled / ours, or nan>
 vs_openpi_eager=<openpi eager / ours, or nan>`.
 """
 
@@ -133,9 +134,29 @@ def ours_decode(args: argparse.Namespace, device: torch.device, case_dir: Path |
         plain = timed(lambda: policy.sample_actions(inputs, noise.clone()), args.repeats, args.warmup, device)
         chain = timed(lambda: policy.sample_chain(inputs, noise.clone(), 0.5), args.repeats, args.warmup, device)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    flops = decode_flops(policy, inputs, noise)
     if case_dir is not None:
         write_case(case_dir, args, spec, policy, inputs, noise)
-    return {"sample_actions": plain, "sample_chain": chain, "actions": actions, "peak_gib": peak}
+    return {"sample_actions": plain, "sample_chain": chain, "actions": actions, "peak_gib": peak, "flops": flops}
+
+
+def decode_flops(policy: Pi0Policy, inputs: Pi0Inputs, noise: torch.Tensor) -> float:
+    """The model FLOPs of one `sample_actions` (the prefix once, K suffix passes), attention counted as matmuls: at
+    the card's matmul rate they set the floor no decode of these shapes, compiled or not, can go under."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter, attention_as_matmuls():
+        policy.sample_actions(inputs, noise.clone())
+    return float(counter.get_total_flops())
+
+
+def matmul_rate_here(device: torch.device) -> float:
+    """This device's bf16 8192^3 matmul rate (float32 512^3 on a CPU), as every benchmark measures it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from decode import matmul_rate
+
+    size, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (512, torch.float32)
+    return matmul_rate(size, size, size, dtype=dtype)
 
 
 def write_case(case_dir: Path, args: argparse.Namespace, spec: Pi0Spec, policy: Pi0Policy, inputs: Pi0Inputs,
@@ -291,8 +312,14 @@ def main(args: argparse.Namespace) -> None:
               f"{result['torch']}, {result['device']}", flush=True)
         openpi_s[compiled] = statistics.median(result["seconds"])
     decode_s = statistics.median(ours["sample_actions"])
+    rate = matmul_rate_here(device)
+    floor_s = ours["flops"] / rate
     print(f"\ndecode: model={args.model} batch={args.batch} K={args.num_steps} horizon={args.horizon} on {device} "
           f"(peak {ours['peak_gib']:.1f} GiB)\n" + "\n".join(lines), flush=True)
+    print(f"decode FLOPs: {ours['flops'] / 1e12:.2f} TFLOP a decode; ours at {ours['flops'] / decode_s / 1e12:.1f} "
+          f"TFLOP/s, {ours['flops'] / decode_s / rate:.1%} of the matmul rate ({rate / 1e12:.1f} TFLOP/s); the floor "
+          f"(every FLOP at that rate) {floor_s:.4f} s, so no decode of these shapes beats openpi's eager by more than "
+          f"{openpi_s[False] / floor_s:.2f}x or its compiled by more than {openpi_s[True] / floor_s:.2f}x", flush=True)
     rows = rl_steps(args) if args.steps else []
     step_s = statistics.mean(r["step_s"] for r in rows) if rows else float("nan")
     peak = max(r["peak_gib"] for r in rows) if rows else float("nan")
@@ -305,7 +332,8 @@ def main(args: argparse.Namespace) -> None:
                   f"{r['memory/update_peak_gib']:.1f} / {r['memory/sync_peak_gib']:.1f} |")
     print(f"pi0_scale: model={args.model} kernels={args.kernels} decode_s={decode_s:.4f} "
           f"openpi_s={openpi_s[False]:.4f} ratio={openpi_s[False] / decode_s:.2f} step_s={step_s:.2f} "
-          f"peak_gib={peak:.1f} vs_openpi_compiled={openpi_s[True] / decode_s:.2f} "
+          f"peak_gib={peak:.1f} decode_mfu={ours['flops'] / decode_s / rate:.3f} "
+          f"vs_openpi_compiled={openpi_s[True] / decode_s:.2f} "
           f"vs_openpi_eager={openpi_s[False] / decode_s:.2f}", flush=True)
 
 

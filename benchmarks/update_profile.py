@@ -20,7 +20,8 @@ The trainer is built and warmed up as `benchmarks/rl_step.py` builds it (the sam
    comma-separated list of `key=value`: `mb` samples per micro-batch, `recompute` Llama layers that recompute
    (`deepspeed.recompute_layers`, -1 all), `resident` sub-groups whose optimizer states stay on the GPU
    (`deepspeed.resident_sub_groups`), `overlap` 0 to queue the streamed states' copies on the compute stream in turn
-   (1: on two copy streams of their own, beside the step: the default), `gib` the memory cap (0: the whole card).
+   (1: on two copy streams of their own, beside the step: the default), `gib` the memory cap (0: the whole card),
+   `kernels` eager or liger (`model.kernels`; the actor's live layers swapped for that row only; liger on a GPU).
    Each row: seconds, MFU (three forward-equivalents of model FLOPs per sample, as rl_step counts them), peak GiB,
    cache flushes. A variant that runs out of memory says so.
 
@@ -47,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rl_step  # noqa: E402  (the trainer's settings, its build and the update alone)
 
 from vla_scale.config import Config  # noqa: E402
+from vla_scale.models.kernels import KERNELS, kernels_problem, use_kernels  # noqa: E402
 
 KINDS = (("attention", ("flash", "fmha", "attention", "efficient_attention")),
          ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm80_")),
@@ -71,7 +73,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--max-staleness", type=int, default=1, choices=(0, 1),
                    help="1 (default): the engine's weights stay on the GPU through the update, as in the loop")
     p.add_argument("--variants", nargs="*", default=[], metavar="KEY=VALUE,...",
-                   help="levers, each one update alone: mb, recompute, resident, overlap, gib (module docstring)")
+                   help="levers, each one update alone: mb, recompute, resident, overlap, gib, kernels (docstring)")
     p.add_argument("--profile", nargs="*", default=[""], metavar="KEY=VALUE,...",
                    help="profile one update under each of these variants ('': as configured; none: no profile)")
     p.add_argument("--loop-steps", type=int, default=0,
@@ -99,11 +101,12 @@ class Variant:
     resident: int | None = None
     overlap: bool = True
     gib: float | None = None
+    kernels: str | None = None
     keys: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str) -> Variant:
-        known = {"mb", "recompute", "resident", "overlap", "gib"}
+        known = {"mb", "recompute", "resident", "overlap", "gib", "kernels"}
         v = cls(text)
         for part in filter(None, text.split(",")):
             key, sep, value = part.partition("=")
@@ -113,6 +116,10 @@ class Variant:
                 v.gib = float(value)
             elif key == "overlap":
                 v.overlap = value not in ("0", "false")
+            elif key == "kernels":
+                if value not in KERNELS:
+                    raise SystemExit(f"--variants {text!r}: kernels={value!r} is not one of {', '.join(KERNELS)}")
+                v.kernels = value
             else:
                 setattr(v, key, int(value))
         return v
@@ -254,8 +261,11 @@ def print_profile(table: dict[str, dict[str, float]]) -> None:
 
 
 def run_variant(trainer: Any, cfg: Config, v: Variant, samples: int, cap_gib: float) -> dict[str, Any]:
-    """The update alone under variant `v`: seconds, peak GiB, cache flushes, or out of memory."""
+    """The update alone under variant `v`: seconds, peak GiB, cache flushes, or out of memory. `kernels` swaps the
+    actor's live policy's layers for this variant only (the same parameters under ZeRO-3's hooks)."""
     rl_step.use_update_settings(trainer, v.config(cfg, samples))
+    if v.kernels is not None:
+        use_kernels(trainer.actor.policy, v.kernels)
     stream = trainer.actor._states_stream
     saved = (stream.fetch, stream.send) if stream is not None else None
     if stream is not None and not v.overlap:
@@ -275,6 +285,8 @@ def run_variant(trainer: Any, cfg: Config, v: Variant, samples: int, cap_gib: fl
     finally:
         if stream is not None and saved is not None:
             stream.fetch, stream.send = saved
+        if v.kernels is not None:
+            use_kernels(trainer.actor.policy, cfg.model.kernels)
 
 
 def alloc_retries() -> float:
@@ -283,6 +295,10 @@ def alloc_retries() -> float:
 
 def main(args: argparse.Namespace) -> None:
     variants = [Variant.parse(text) for text in args.variants]
+    for v in variants:
+        problem = kernels_problem(v.kernels) if v.kernels else None
+        if problem:
+            raise SystemExit(f"--variants {v.text!r}: {problem}")
     if args.dry_run:
         args.groups, args.group_size, args.max_steps, args.workers, args.sims, args.micro_batch = 2, 4, 16, 1, 2, 8
         args.max_staleness = 0

@@ -232,7 +232,7 @@ def test_learning_curves_puts_runs_side_by_side_at_equal_environment_steps(tmp_p
 def test_update_profile_dry_run_profiles_the_phases_and_runs_every_lever():
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "update_profile.py"), "--model", "tiny",
                            "--dry-run", "--loop-steps", "1", "--profile", "", "mb=4",
-                           "--variants", "mb=4,recompute=0", "overlap=0,resident=1"],
+                           "--variants", "mb=4,recompute=0", "overlap=0,resident=1,kernels=eager"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, env=script_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
@@ -247,6 +247,13 @@ def test_update_profile_dry_run_profiles_the_phases_and_runs_every_lever():
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "update_profile.py"), "--variants", "mb=4,x=1"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=script_env())
     assert bad.returncode != 0 and "'x=1' is not key=value" in bad.stdout + bad.stderr
+    if not torch.cuda.is_available():
+        no_gpu = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "update_profile.py"), "--variants",
+                                 "kernels=liger"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                                env=script_env())
+        assert no_gpu.returncode != 0
+        assert "--variants 'kernels=liger': model.kernels=liger runs Liger Kernel's Triton kernels on a CUDA GPU" in (
+            no_gpu.stdout + no_gpu.stderr)
 
 
 def test_pi0_scale_dry_run_decodes_and_plays_an_rl_step():
@@ -258,7 +265,9 @@ def test_pi0_scale_dry_run_decodes_and_plays_an_rl_step():
     assert any(line.startswith("| ours sample_chain (Flow-SDE) | ") for line in lines)
     assert any(line.startswith("update alone on ") for line in lines)
     assert re.fullmatch(r"pi0_scale: model=pi0_tiny kernels=eager decode_s=\d+\.\d{4} openpi_s=nan ratio=nan "
-                        r"step_s=\d+\.\d\d peak_gib=nan vs_openpi_compiled=nan vs_openpi_eager=nan", lines[-1])
+                        r"step_s=\d+\.\d\d peak_gib=nan decode_mfu=\d+\.\d{3} vs_openpi_compiled=nan "
+                        r"vs_openpi_eager=nan", lines[-1])
+    assert any(line.startswith("decode FLOPs: ") for line in lines)
 
 
 def test_sim_fleet_steps_meta_world_beside_pick_place():

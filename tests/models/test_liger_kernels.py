@@ -288,6 +288,20 @@ def test_the_oft_rollout_engine_decodes_a_swapped_policy_as_the_eager_one(fast):
     assert error <= POLICY_BOUNDS[("oft", "bf16")][0]
 
 
+def test_swapping_back_gives_the_eager_classes_and_outputs():
+    """`use_kernels(policy, "eager")` undoes a swap (what update_profile's `kernels=` rows do to the live actor)."""
+    policy, batch = official_case()
+    policy = policy.to(CUDA).eval()
+    kinds = [type(m) for m in policy.modules()]
+    with torch.no_grad():
+        want = oft_loss(policy, batch)
+        use_kernels(policy, "liger")
+        assert [type(m) for m in policy.modules()] != kinds
+        use_kernels(policy, "eager")
+        assert [type(m) for m in policy.modules()] == kinds
+        torch.testing.assert_close(oft_loss(policy, batch), want, rtol=0, atol=0)
+
+
 def test_a_swapped_policy_on_the_cpu_computes_what_the_eager_one_does():
     policy, batch = official_case()
     liger = use_kernels(copy.deepcopy(policy), "liger")

@@ -11,6 +11,7 @@ built. Nothing here imports torch or Liger until it is called.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,10 +42,14 @@ def kernels_problem(choice: str) -> str | None:
 
 def use_kernels(module: nn.Module, choice: str) -> nn.Module:
     """`module` (a policy, or any module holding the layers) with `choice`'s kernels, changed in place and returned;
-    eager leaves it untouched. RuntimeError when `kernels_problem` names a reason."""
+    eager puts back the eager forward of any module swapped before (a benchmark compares both on one live policy).
+    RuntimeError when `kernels_problem` names a reason."""
     if choice not in KERNELS:
         raise ValueError(f"model.kernels={choice!r}: choose one of {', '.join(KERNELS)}")
     if choice == "eager":
+        liger = sys.modules.get("vla_scale.models.liger")  # nothing can have been swapped before it was imported
+        if liger is not None:
+            liger.swap_to_eager(module)
         return module
     problem = kernels_problem(choice)
     if problem:

@@ -165,10 +165,22 @@ def swap_to_liger(module: nn.Module) -> int:
     return swapped
 
 
+def swap_to_eager(module: nn.Module) -> int:
+    """Undo `swap_to_liger` under `module`: each swapped module gets back the eager class it subclasses; returns
+    how many."""
+    swapped = 0
+    for child in module.modules():
+        if is_swapped(child):
+            child.__class__ = type(child).__mro__[1]
+            swapped += 1
+    return swapped
+
+
 def is_swapped(module: nn.Module) -> bool:
     """Whether `module`'s forward is one of this module's."""
     return type(module).__module__ == __name__
 
 
 __all__ = ["LigerAdaRMSNorm", "LigerGemmaMLP", "LigerGemmaRMSNorm", "LigerLlamaAttention", "LigerLlamaMLP",
-           "LigerLlamaRMSNorm", "LigerPaliGemmaWithExpert", "is_swapped", "liger_rope", "swap_to_liger"]
+           "LigerLlamaRMSNorm", "LigerPaliGemmaWithExpert", "is_swapped", "liger_rope", "swap_to_eager",
+           "swap_to_liger"]
