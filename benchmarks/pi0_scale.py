@@ -12,7 +12,9 @@ on the prefix's KV cache (what evaluation runs), and `sample_chain` (the Flow-SD
 openpi's `src/openpi` in DIR/src, the wheels that process needs in DIR/wheels; its docstring says which), on the same
 weights (our parameter names are openpi's), inputs and noise; eager, and with `--openpi-compile` also compiled as
 openpi's default config compiles it. Each is timed over `--repeats` calls after `--warmup`, synchronised; the table
-has the median and the actions' largest difference from ours.
+has the median and the actions' largest difference from ours. Our decode's model FLOPs are counted once (attention
+as matmuls, below) and set against the card's matmul rate: the decode's MFU, and the floor no decode of these shapes
+goes under.
 
 **The RL step** (`--steps` > 0). The trainer as `benchmarks/rl_step.py` builds ours (launch/train.py's Trainer: the
 ZeRO-3 actor under zero3_bf16, the rollout engine on the same GPU, the reach task's simulators; GRPO, every group
