@@ -14,7 +14,8 @@ weights (our parameter names are openpi's), inputs and noise; eager, and with `-
 openpi's default config compiles it. Each is timed over `--repeats` calls after `--warmup`, synchronised; the table
 has the median and the actions' largest difference from ours. Our decode's model FLOPs are counted once (attention
 as matmuls, below) and set against the card's matmul rate: the decode's MFU, and the floor no decode of these shapes
-goes under.
+goes under; the prefix pass is also timed and counted alone, which splits the decode's time and MFU between the
+prefix and the K suffix passes.
 
 **The RL step** (`--steps` > 0). The trainer as `benchmarks/rl_step.py` builds ours (launch/train.py's Trainer: the
 ZeRO-3 actor under zero3_bf16, the rollout engine on the same GPU, the reach task's simulators; GRPO, every group
@@ -43,7 +44,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -135,21 +136,34 @@ def ours_decode(args: argparse.Namespace, device: torch.device, case_dir: Path |
         actions = policy.sample_actions(inputs, noise.clone()).float().cpu()
         plain = timed(lambda: policy.sample_actions(inputs, noise.clone()), args.repeats, args.warmup, device)
         chain = timed(lambda: policy.sample_chain(inputs, noise.clone(), 0.5), args.repeats, args.warmup, device)
+        prefix = timed(lambda: policy.prefix_cache(inputs), args.repeats, args.warmup, device)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-    flops = decode_flops(policy, inputs, noise)
+    flops = {"decode": counted_flops(lambda: policy.sample_actions(inputs, noise.clone())),
+             "prefix": counted_flops(lambda: policy.prefix_cache(inputs))}
     if case_dir is not None:
         write_case(case_dir, args, spec, policy, inputs, noise)
-    return {"sample_actions": plain, "sample_chain": chain, "actions": actions, "peak_gib": peak, "flops": flops}
+    return {"sample_actions": plain, "sample_chain": chain, "prefix": prefix, "actions": actions, "peak_gib": peak,
+            "flops": flops}
 
 
-def decode_flops(policy: Pi0Policy, inputs: Pi0Inputs, noise: torch.Tensor) -> float:
-    """The model FLOPs of one `sample_actions` (the prefix once, K suffix passes), attention counted as matmuls: at
-    the card's matmul rate they set the floor no decode of these shapes, compiled or not, can go under."""
+def counted_flops(call: Callable[[], object]) -> float:
+    """The model FLOPs of `call()` (a decode, or its prefix pass), attention counted as matmuls: at the card's
+    matmul rate a decode's set the floor no decode of these shapes, compiled or not, can go under."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with torch.no_grad(), FlopCounterMode(display=False) as counter, attention_as_matmuls():
-        policy.sample_actions(inputs, noise.clone())
+        call()
     return float(counter.get_total_flops())
+
+
+def decode_split(ours: dict, rate: float) -> str:
+    """Where our decode's time goes: the prefix pass (timed alone) and the K suffix passes (the rest), each with its
+    FLOPs and its share of the matmul rate."""
+    decode_s, prefix_s = statistics.median(ours["sample_actions"]), statistics.median(ours["prefix"])
+    parts = {"prefix pass": (prefix_s, ours["flops"]["prefix"]),
+             "K suffix passes": (decode_s - prefix_s, ours["flops"]["decode"] - ours["flops"]["prefix"])}
+    return "; ".join(f"{name} {s:.4f} s, {f / 1e12:.2f} TFLOP, {f / max(s, 1e-9) / rate:.1%} of the matmul rate"
+                     for name, (s, f) in parts.items())
 
 
 def matmul_rate_here(device: torch.device) -> float:
@@ -315,13 +329,15 @@ def main(args: argparse.Namespace) -> None:
         openpi_s[compiled] = statistics.median(result["seconds"])
     decode_s = statistics.median(ours["sample_actions"])
     rate = matmul_rate_here(device)
-    floor_s = ours["flops"] / rate
+    flops = ours["flops"]["decode"]
+    floor_s = flops / rate
     print(f"\ndecode: model={args.model} batch={args.batch} K={args.num_steps} horizon={args.horizon} on {device} "
           f"(peak {ours['peak_gib']:.1f} GiB)\n" + "\n".join(lines), flush=True)
-    print(f"decode FLOPs: {ours['flops'] / 1e12:.2f} TFLOP a decode; ours at {ours['flops'] / decode_s / 1e12:.1f} "
-          f"TFLOP/s, {ours['flops'] / decode_s / rate:.1%} of the matmul rate ({rate / 1e12:.1f} TFLOP/s); the floor "
-          f"(every FLOP at that rate) {floor_s:.4f} s, so no decode of these shapes beats openpi's eager by more than "
+    print(f"decode FLOPs: {flops / 1e12:.2f} TFLOP a decode; ours at {flops / decode_s / 1e12:.1f} TFLOP/s, "
+          f"{flops / decode_s / rate:.1%} of the matmul rate ({rate / 1e12:.1f} TFLOP/s); the floor (every FLOP at "
+          f"that rate) {floor_s:.4f} s, so no decode of these shapes beats openpi's eager by more than "
           f"{openpi_s[False] / floor_s:.2f}x or its compiled by more than {openpi_s[True] / floor_s:.2f}x", flush=True)
+    print(f"decode split: {decode_split(ours, rate)}", flush=True)
     rows = rl_steps(args) if args.steps else []
     step_s = statistics.mean(r["step_s"] for r in rows) if rows else float("nan")
     peak = max(r["peak_gib"] for r in rows) if rows else float("nan")
@@ -334,7 +350,7 @@ def main(args: argparse.Namespace) -> None:
                   f"{r['memory/update_peak_gib']:.1f} / {r['memory/sync_peak_gib']:.1f} |")
     print(f"pi0_scale: model={args.model} kernels={args.kernels} decode_s={decode_s:.4f} "
           f"openpi_s={openpi_s[False]:.4f} ratio={openpi_s[False] / decode_s:.2f} step_s={step_s:.2f} "
-          f"peak_gib={peak:.1f} decode_mfu={ours['flops'] / decode_s / rate:.3f} "
+          f"peak_gib={peak:.1f} decode_mfu={flops / decode_s / rate:.3f} "
           f"vs_openpi_compiled={openpi_s[True] / decode_s:.2f} "
           f"vs_openpi_eager={openpi_s[False] / decode_s:.2f}", flush=True)
 

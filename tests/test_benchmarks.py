@@ -268,6 +268,9 @@ def test_pi0_scale_dry_run_decodes_and_plays_an_rl_step():
                         r"step_s=\d+\.\d\d peak_gib=nan decode_mfu=\d+\.\d{3} vs_openpi_compiled=nan "
                         r"vs_openpi_eager=nan", lines[-1])
     assert any(line.startswith("decode FLOPs: ") for line in lines)
+    split = next(line for line in lines if line.startswith("decode split: "))
+    assert re.fullmatch(r"decode split: prefix pass \d+\.\d{4} s, \d+\.\d\d TFLOP, \d+\.\d% of the matmul rate; "
+                        r"K suffix passes -?\d+\.\d{4} s, \d+\.\d\d TFLOP, -?\d+\.\d% of the matmul rate", split)
 
 
 def test_sim_fleet_steps_meta_world_beside_pick_place():
