@@ -10,14 +10,19 @@ lines parsed): scripted demonstrations on the TRAIN init states (launch/demonstr
 demonstrator with the gripper starting anywhere over the table, Meta-World's experts) -> supervised fine-tuning
 (launch/sft.py; on pick_place in two stages, the first on the first steps of each demonstration, where the
 instruction's cube decides the moves, the second on whole demonstrations from the first's checkpoint) ->
-evaluation of the SFT policy on the held-out EVAL init states (launch/eval.py) -> RL from the SFT checkpoint
-(launch/train.py) -> evaluation of the RL policy. Every command runs with `deterministic=true`, so a seed's figures
-repeat bit for bit on the same machine. Everything a run writes stays in `--out/seed_<s>/`, with each phase's
-minutes in `minutes.json`; `--sft-from <earlier out>` reuses an earlier run's demonstrations and SFT policies
-(another RL from the same start), counting their minutes as measured. Prints one row per seed, a row per task
-(SFT -> RL, each seed) where the env has several, and per seed the line
-`sft_rl: env=<env> family=<oft|pi0> algo=<grpo|ppo> seed=<s> sft=<x.xx> rl=<y.yy> minutes=<m>` (minutes: the
-commands' wall time; the line's figures are cut, never rounded up, the table's have three decimals).
+evaluation of the SFT policy on the held-out EVAL init states (launch/eval.py; MT10: 50 a task, 500 episodes, none
+of them TRAIN's, the published 10 a task read off the same episodes) -> RL from the SFT checkpoint (launch/train.py,
+no evaluation of its own) -> evaluation of the RL policy. On Meta-World `--obs` chooses what the policy reads beside
+the image (`env.metaworld.observation`: agent, LeRobot's 4-D state; agent_goal, with the goal's xyz; full, the
+39-D observation). Every command runs with `deterministic=true`, so a seed's figures repeat bit for bit on the same
+machine. Everything a run writes stays in `--out/seed_<s>/`, with each phase's minutes in `minutes.json`;
+`--sft-from <earlier out>` reuses an earlier run's demonstrations and SFT policies (another RL from the same start),
+counting their minutes as measured. Prints one row per seed, a row per task (SFT -> RL, each seed) where the env
+has several, and per seed the line
+`sft_rl: env=<env> [obs=<observation>] family=<oft|pi0> algo=<grpo|ppo> seed=<s> sft=<x.xx> rl=<y.yy>
+episodes=<n> minutes=<m>` (obs on Meta-World; episodes: each evaluation's; minutes: the wall time of the
+demonstrations, SFT and RL commands, the evaluations not counted; the line's figures are cut, never rounded up,
+the table's have three decimals).
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ class Recipe:
     sft_steps: int
     sft_lr: float
     rl_steps: int
+    eval_states: int = 0
+    """Held-out init states per task of the evaluations (env.num_eval_init_states; 0: the env config's)."""
     algo_rl: dict[str, list[str]] = field(default_factory=dict)
     family_rl: dict[str, list[str]] = field(default_factory=dict)
     dry_run: list[str] = field(default_factory=list)
@@ -88,6 +95,7 @@ RECIPES = {
     "metaworld_mt10": Recipe(
         task=["env=metaworld_mt10", "env.camera_resolution=64"], demo=[],
         policies=METAWORLD_POLICIES, demos=200, first_steps=0, sft_steps=2000, sft_lr=1e-3, rl_steps=20,
+        eval_states=50,
         algo_rl={"grpo": ["algo.batch_size=10"], "ppo": ["algo.batch_size=80"]},
         family_rl={"pi0": ["model.pi0.noise_level=1.0"]},
         dry_run=["env.num_tasks=2", "env.num_eval_init_states=1", "env.max_steps=60", "env.camera_resolution=32"]),
@@ -105,6 +113,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--env", choices=sorted(RECIPES), default="pick_place",
                    help="the benchmark, with its recipe (RECIPES): the sizes below default to it")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--obs", choices=["agent", "agent_goal", "full"], default="",
+                   help="Meta-World's env.metaworld.observation (what the policy reads beside the image; default: "
+                        "the env config's, agent)")
+    p.add_argument("--eval-states", type=int,
+                   help="held-out init states per task of each evaluation (MT10's recipe: 50, 500 episodes, the "
+                        "published 10 read off the same episodes)")
     p.add_argument("--demos", type=int, help="scripted demonstrations recorded, spread evenly over the tasks")
     p.add_argument("--noise", type=float, default=0.0, help="the demonstrator's xyz noise")
     p.add_argument("--start-spread", type=float, default=0.15,
@@ -127,11 +141,13 @@ def parse() -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="toy sizes: the pipeline end to end, not its figures")
     args = p.parse_args()
     recipe = RECIPES[args.env]
-    for key in ("demos", "first_steps", "sft_steps", "sft_lr", "rl_steps"):
+    for key in ("demos", "first_steps", "sft_steps", "sft_lr", "rl_steps", "eval_states"):
         if getattr(args, key) is None:
             setattr(args, key, getattr(recipe, key))
+    if args.obs and not args.env.startswith("metaworld"):
+        p.error(f"--obs chooses Meta-World's observation; --env {args.env} has one")
     if args.dry_run:
-        args.demos, args.sft_steps, args.rl_steps = 4, 2, 1
+        args.demos, args.sft_steps, args.rl_steps, args.eval_states = 4, 2, 1, 0
     return args
 
 
@@ -144,35 +160,48 @@ def run(script: str, *args: str) -> str:
     return proc.stdout
 
 
+def timed(script: str, *args: str) -> tuple[str, float]:
+    """`run`, and its wall time in minutes."""
+    start = time.perf_counter()
+    stdout = run(script, *args)
+    return stdout, (time.perf_counter() - start) / 60
+
+
+def evaluate(task: list[str], args: argparse.Namespace, checkpoint: Path, run_dir: Path) -> tuple[float, int]:
+    """launch/eval.py of `checkpoint` on the held-out states (`--eval-states` a task): success rate, episodes."""
+    wide = [f"env.num_eval_init_states={args.eval_states}"] if args.eval_states else []
+    stdout = run("eval", *task, *wide, f"model.checkpoint={checkpoint}", f"run_dir={run_dir}")
+    return last_value(stdout, "success_rate"), int(last_value(stdout, "episodes"))
+
+
 def last_value(stdout: str, key: str) -> float:
-    found = re.findall(rf"{key}=([0-9.]+)", stdout.strip().splitlines()[-1])
+    found = re.findall(rf"(?<![a-z_]){key}=([0-9.]+)", stdout.strip().splitlines()[-1])
     if not found:
         sys.exit(f"no {key}= in the last line: {stdout.strip().splitlines()[-1]!r}")
     return float(found[0])
 
 
-def pipeline(args: argparse.Namespace, seed: int) -> dict[str, float]:
-    """One seed's commands; its success rates and minutes (each phase's in `minutes.json` of its folder)."""
+def pipeline(args: argparse.Namespace, seed: int) -> dict:
+    """One seed's commands; its success rates, the evaluations' episodes and the minutes of demonstrations, SFT and
+    RL (the evaluations not counted; each phase's minutes in `minutes.json` of its folder)."""
     out = Path(args.out) / f"seed_{seed}"
     if out.exists() and any(out.iterdir()):
         sys.exit(f"{out} is not empty: name another --out, or remove it")
     recipe = RECIPES[args.env]
     small = [*recipe.dry_run, "parallel.num_workers=1", "parallel.sims_per_worker=2"] if args.dry_run else []
-    task = [*recipe.task, f"seed={seed}", "progress=false", "deterministic=true", *small]
-    sft_dir, (sft_rate, sft_minutes) = supervised(args, seed, task, out)
+    observed = [f"env.metaworld.observation={args.obs}"] if args.obs else []
+    task = [*recipe.task, *observed, f"seed={seed}", "progress=false", "deterministic=true", *small]
+    sft_dir, sft = supervised(args, seed, task, out)
+    row = {"seed": seed, "sft": sft["sft_success"], "rl": math.nan, "episodes": sft.get("episodes", 0),
+           "minutes": sft["sft"], "sft_tasks": task_rates(sft_dir / "sft_eval"), "rl_tasks": {}}
     if not args.rl_steps:
-        return {"seed": seed, "sft": sft_rate, "rl": math.nan, "minutes": sft_minutes,
-                "sft_tasks": task_rates(sft_dir / "sft_eval"), "rl_tasks": {}}
-    start = time.perf_counter()
-    rl = rl_overrides(args, recipe)
-    run("train", *task, f"model.checkpoint={sft_dir / 'sft'}", *rl, f"steps={args.rl_steps}",
-        f"eval_every={max(1, args.rl_steps // 5)}", f"save_every={args.rl_steps}", f"run_dir={out / 'rl'}")
-    rl_rate = last_value(run("eval", *task, f"model.checkpoint={out / 'rl'}", f"run_dir={out / 'rl_eval'}"),
-                         "success_rate")
-    minutes = {"sft": sft_minutes, "rl": (time.perf_counter() - start) / 60}
-    (out / "minutes.json").write_text(json.dumps({**minutes, "sft_success": sft_rate}))
-    return {"seed": seed, "sft": sft_rate, "rl": rl_rate, "minutes": sum(minutes.values()),
-            "sft_tasks": task_rates(sft_dir / "sft_eval"), "rl_tasks": task_rates(out / "rl_eval")}
+        return row
+    _, rl_minutes = timed("train", *task, f"model.checkpoint={sft_dir / 'sft'}", *rl_overrides(args, recipe),
+                          f"steps={args.rl_steps}", "eval_every=0", f"save_every={args.rl_steps}",
+                          f"run_dir={out / 'rl'}")
+    rl_rate, episodes = evaluate(task, args, out / "rl", out / "rl_eval")
+    (out / "minutes.json").write_text(json.dumps({**sft, "rl": rl_minutes}))
+    return {**row, "rl": rl_rate, "minutes": sft["sft"] + rl_minutes, "rl_tasks": task_rates(out / "rl_eval")}
 
 
 def rl_overrides(args: argparse.Namespace, recipe: Recipe) -> list[str]:
@@ -196,44 +225,47 @@ def task_rates(eval_dir: Path) -> dict[str, float]:
                 for row in csv.DictReader(f) if row["task"] != "total"}
 
 
-def supervised(args: argparse.Namespace, seed: int, task: list[str], out: Path) -> tuple[Path, tuple[float, float]]:
-    """The seed's demonstrations, two SFT stages and the SFT policy's evaluation: run into `out`, or those of
-    `--sft-from` (their success rate and minutes as measured then). The folder holding them, (success, minutes)."""
+def supervised(args: argparse.Namespace, seed: int, task: list[str], out: Path) -> tuple[Path, dict]:
+    """The seed's demonstrations, SFT stages and the SFT policy's evaluation: run into `out`, or those of
+    `--sft-from` (as measured then). The folder holding them, and its record: `sft` (the minutes of demonstrations
+    and SFT, the evaluation not counted), `sft_success`, `episodes` (the evaluation's)."""
     if args.sft_from:
         earlier = Path(args.sft_from) / f"seed_{seed}"
-        record = json.loads((earlier / "minutes.json").read_text())
-        return earlier, (record["sft_success"], record["sft"])
-    start = time.perf_counter()
+        return earlier, json.loads((earlier / "minutes.json").read_text())
+    minutes = 0.0
     demos = Path(args.demos_from) / f"seed_{seed}" / "demos" if args.demos_from else out / "demos"
     if not args.demos_from:
         spread = [f"env.pick_place.start_spread={args.start_spread}"] if args.env == "pick_place" else []
-        run("demonstrate", *task, *spread, f"record.path={demos}", f"demo.episodes={args.demos}",
-            f"demo.noise={args.noise}", f"hydra.run.dir={out / 'demonstrate'}")
+        minutes += timed("demonstrate", *task, *spread, f"record.path={demos}", f"demo.episodes={args.demos}",
+                         f"demo.noise={args.noise}", f"run_dir={out / 'demonstrate'}")[1]
     sft = [*task, f"sft.dataset={demos}", f"sft.steps={args.sft_steps}", f"sft.lr={args.sft_lr}", *args.sft_args]
     policy = RECIPES[args.env].policies[args.family]
     start_from = policy
     if args.first_steps:
-        run("sft", *sft, *policy, f"sft.first_steps={args.first_steps}", f"run_dir={out / 'sft_first'}")
+        minutes += timed("sft", *sft, *policy, f"sft.first_steps={args.first_steps}",
+                         f"run_dir={out / 'sft_first'}")[1]
         start_from = [f"model.checkpoint={out / 'sft_first'}"]
-    run("sft", *sft, *start_from, f"run_dir={out / 'sft'}")
-    rate = last_value(run("eval", *task, f"model.checkpoint={out / 'sft'}", f"run_dir={out / 'sft_eval'}"),
-                      "success_rate")
-    minutes = (time.perf_counter() - start) / 60
-    (out / "minutes.json").write_text(json.dumps({"sft": minutes, "sft_success": rate}))
-    return out, (rate, minutes)
+    minutes += timed("sft", *sft, *start_from, f"run_dir={out / 'sft'}")[1]
+    rate, episodes = evaluate(task, args, out / "sft", out / "sft_eval")
+    record = {"sft": minutes, "sft_success": rate, "episodes": episodes}
+    (out / "minutes.json").write_text(json.dumps(record))
+    return out, record
 
 
 def main() -> None:
     args = parse()
     rows = [pipeline(args, seed) for seed in args.seeds]
-    print("| seed | SFT success (held out) | RL success (held out) | gain | minutes |\n|---|---|---|---|---|")
+    print("| seed | SFT success (held out) | RL success (held out) | gain | episodes | minutes |\n"
+          "|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['seed']} | {r['sft']:.3f} | {r['rl']:.3f} | {r['rl'] - r['sft']:+.3f} | {r['minutes']:.1f} |")
+        print(f"| {r['seed']} | {r['sft']:.3f} | {r['rl']:.3f} | {r['rl'] - r['sft']:+.3f} | {r['episodes']} | "
+              f"{r['minutes']:.1f} |")
     print_task_table(rows)
+    obs = f" obs={args.obs or 'agent'}" if args.env.startswith("metaworld") else ""
     for r in rows:
         rl = "" if math.isnan(r["rl"]) else f" rl={_down(r['rl'], 2)}"  # --rl-steps 0: the SFT policy alone
-        print(f"sft_rl: env={args.env} family={args.family} algo={args.algo} seed={r['seed']} "
-              f"sft={_down(r['sft'], 2)}{rl} minutes={_down(r['minutes'], 1)}", flush=True)
+        print(f"sft_rl: env={args.env}{obs} family={args.family} algo={args.algo} seed={r['seed']} "
+              f"sft={_down(r['sft'], 2)}{rl} episodes={r['episodes']} minutes={_down(r['minutes'], 1)}", flush=True)
 
 
 def print_task_table(rows: list[dict]) -> None:

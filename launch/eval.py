@@ -6,9 +6,14 @@ success rates are measured, or Meta-World's placements 1000-1009 of LeRobot's ev
 parallel over the simulator fleet (parallel.num_workers x parallel.sims_per_worker processes, one simulator each).
 Writes to the run directory `eval_<suite>.csv` and `eval_<suite>.md` (success per task and the total; Meta-World's
 difficulty groups and their macro average too), `videos/` (the first env.eval_videos_per_task episodes of every task
-as MP4, default 1) and `tb/` (success rates and the videos). The last line printed is `eval: suite=<name> episodes=<n>
-success_rate=<r>`. With `record.path=DIR` the episodes played (`record.episodes=all` or `successes`) are also written
-to DIR as a LeRobot dataset, every env step of them, for launch/sft.py.
+as MP4, default 1) and `tb/` (success rates and the videos). The last line printed is `eval: suite=<name>
+[obs=<observation>] episodes=<n> success_rate=<r> stderr=<binomial standard error>` (Meta-World: `obs=` names what
+the policy read beside the image, `env.metaworld.observation`, then the groups' `macro_success_rate=`). A held-out
+evaluation wide enough to hold the published placements (Meta-World with `env.num_eval_init_states=50`: 500
+episodes on 1000..1049, none of them TRAIN's) prints the published figure read off the same episodes beside its own,
+and ends with `published_episodes=<n> published_success_rate=<r>`. With `record.path=DIR` the episodes played
+(`record.episodes=all` or `successes`) are also written to DIR as a LeRobot dataset, every env step of them, for
+launch/sft.py.
 
 model.checkpoint= the policy to evaluate: a run directory of launch/train.py (its latest checkpoint), one of its
 `checkpoints/step_<k>` folders, an OpenVLA-OFT folder, a π0 / π0.5 folder (openpi's or LeRobot's layout; decoded
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 import os
 import sys
 import time
@@ -75,18 +81,52 @@ def group_table(groups: dict[str, list[int]], task_rows: list[list[str]]) -> lis
         rows.append([name, str(len(ids)), str(sum(int(r[2]) for r in mine)), str(sum(int(r[3]) for r in mine)),
                      f"{rate:.3f}"])
     macro = sum(float(r[4]) for r in rows) / len(rows)
-    return [*rows, ["macro", str(len(rows)), "-", "-", f"{macro:.3f}"]]
+    total = [sum(int(r[i]) for r in rows) for i in (1, 2, 3)]
+    return [*rows, ["macro", *map(str, total), f"{macro:.3f}"]]
 
 
 def protocol_line(env: EnvConfig) -> str:
-    """Which episodes ran, for the `policy:` line and the tables' header."""
+    """Which episodes ran and what the policy observed, for the `policy:` line and the tables' header."""
     ids = init_state_ids(env, "eval")
     states = f"init states {ids[0]}-{ids[-1]}" if ids else "no init states"
-    what = (f"published: {env.name}'s published protocol" if env.eval_protocol == "published"
-            else "held_out: the EVAL init states, disjoint from training's")
+    if env.eval_protocol == "published":
+        what = f"published: {env.name}'s published protocol"
+    elif env.train_on_eval_states:
+        what = "held_out with env.train_on_eval_states=true: the EVAL init states, which training also plays"
+    else:
+        what = "held_out: the EVAL init states, disjoint from training's"
     scenes = f", {env.libero.scenes} scenes" if env.name == "libero" else ""
     limit = f"step limit {env.max_steps}" if env.max_steps else "each task its own suite's step limit"
-    return f"protocol {what}; {len(ids)} episodes per task on {states}{scenes}, {limit}"
+    observed = observation(env)
+    seen = f"; observation {observed}" if observed else ""
+    return f"protocol {what}; {len(ids)} episodes per task on {states}{scenes}, {limit}{seen}"
+
+
+def observation(env: EnvConfig) -> str:
+    """The name of what the policy reads beside its images, where the simulator offers a choice ('' elsewhere)."""
+    from vla_scale.envs.registry import simulator
+
+    return simulator(env.name).observation_name(env.simulator_kwargs())
+
+
+def published_subset(env: EnvConfig) -> list[int]:
+    """The simulator's published init states when a held-out evaluation plays them among more (Meta-World's
+    LeRobot seeds 1000..1009 within `env.num_eval_init_states=50`'s 1000..1049): the published figure is then
+    read off the same episodes and printed beside the wider one. Empty otherwise."""
+    from vla_scale.envs.registry import simulator
+
+    played = init_state_ids(env, "eval")
+    published = list(simulator(env.name).published_init_states)
+    if env.eval_protocol != "held_out" or len(played) <= len(published) or not set(published) <= set(played):
+        return []
+    return published
+
+
+def rate_and_error(outcomes: list[bool]) -> tuple[float, float]:
+    """The success rate and its binomial standard error, sqrt(p (1 - p) / n)."""
+    n = max(len(outcomes), 1)
+    rate = sum(outcomes) / n
+    return rate, math.sqrt(rate * (1 - rate) / n)
 
 
 TASK_HEADER = ["task", "instruction", "episodes", "successes", "success_rate"]
@@ -187,7 +227,19 @@ def evaluate(cfg: Config, run_dir: str, explicit: frozenset[str] = frozenset()) 
         recorded = record_played(vla, e, trajs, cfg.record)
         print(f"record: {recorded} episodes ({cfg.record.episodes}) -> {cfg.record.path}")
     macro = f" macro_success_rate={groups[-1][-1]}" if groups else ""
-    print(f"eval: suite={e.suite} episodes={len(specs)} success_rate={rate:.3f}{macro}", flush=True)
+    observed = observation(e)
+    obs = f" obs={observed}" if observed else ""
+    _, error = rate_and_error([t.success for t in trajs])
+    published = ""
+    if subset := published_subset(e):
+        shown = [t.success for t in trajs if t.task.init_state_id in set(subset)]
+        p_rate, p_error = rate_and_error(shown)
+        print(f"published protocol (init states {subset[0]}-{subset[-1]}, the same episodes): {len(shown)} episodes, "
+              f"success_rate={p_rate:.3f} (standard error {p_error:.3f}); all {len(specs)}: {rate:.3f} "
+              f"(standard error {error:.3f})")
+        published = f" published_episodes={len(shown)} published_success_rate={p_rate:.3f}"
+    print(f"eval: suite={e.suite}{obs} episodes={len(specs)} success_rate={rate:.3f} stderr={error:.3f}{macro}"
+          f"{published}", flush=True)
     return rate
 
 

@@ -138,14 +138,14 @@ def test_sft_rl_dry_run_runs_the_six_commands_and_prints_a_line_per_seed(tmp_pat
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert re.fullmatch(r"sft_rl: env=pick_place family=oft algo=ppo seed=0 sft=\d\.\d\d rl=\d\.\d\d "
-                        r"minutes=\d+\.\d", lines[-1]), lines
+                        r"episodes=\d+ minutes=\d+\.\d", lines[-1]), lines
     for folder in ("demos", "sft_first", "sft", "sft_eval", "rl", "rl_eval"):
         assert (tmp_path / "seed_0" / folder).is_dir()
     first = json.loads((tmp_path / "seed_0" / "sft_first" / "checkpoints" / "step_2" / "config.json").read_text())
     assert first["vla_scale"]["use_film"] is True and first["vla_scale"]["attention"] == "bidirectional"
     assert (tmp_path / "seed_0" / "rl" / "checkpoints" / "latest").read_text() == "step_1"
     minutes = json.loads((tmp_path / "seed_0" / "minutes.json").read_text())
-    assert set(minutes) == {"sft", "rl", "sft_success"}
+    assert set(minutes) == {"sft", "rl", "sft_success", "episodes"}
 
     assert (tmp_path / "seed_0" / "rl" / "checkpoints" / "step_1" / "value_head.safetensors").exists()  # PPO's
 
@@ -166,12 +166,12 @@ def test_sft_rl_runs_the_mt10_recipe_and_reports_each_task(tmp_path):
     family and algo; then the same seed again, every weight equal."""
     pytest.importorskip("metaworld", reason="Meta-World is not installed: `make metaworld`")
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sft_rl.py"), "--dry-run", "--env",
-                           "metaworld_mt10", "--family", "pi0", "--algo", "grpo", "--seeds", "3", "--out",
-                           str(tmp_path)], cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=900)
+                           "metaworld_mt10", "--obs", "agent_goal", "--family", "pi0", "--algo", "grpo", "--seeds",
+                           "3", "--out", str(tmp_path)], cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
-    assert re.fullmatch(r"sft_rl: env=metaworld_mt10 family=pi0 algo=grpo seed=3 sft=\d\.\d\d rl=\d\.\d\d "
-                        r"minutes=\d+\.\d", lines[-1]), lines
+    assert re.fullmatch(r"sft_rl: env=metaworld_mt10 obs=agent_goal family=pi0 algo=grpo seed=3 sft=\d\.\d\d "
+                        r"rl=\d\.\d\d episodes=2 minutes=\d+\.\d", lines[-1]), lines
     assert sorted(p.name for p in (tmp_path / "seed_3").iterdir()) == [
         "demonstrate", "demos", "minutes.json", "rl", "rl_eval", "sft", "sft_eval"]  # one SFT stage
     rows = [line for line in lines if line.startswith("| reach-v3") or line.startswith("| push-v3")]
@@ -181,8 +181,8 @@ def test_sft_rl_runs_the_mt10_recipe_and_reports_each_task(tmp_path):
     # RL weights, bit for bit
     again = tmp_path / "again"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sft_rl.py"), "--dry-run", "--env",
-                           "metaworld_mt10", "--family", "pi0", "--algo", "grpo", "--seeds", "3", "--demos-from",
-                           str(tmp_path), "--out", str(again)], cwd=ROOT, env=script_env(), capture_output=True,
+                           "metaworld_mt10", "--obs", "agent_goal", "--family", "pi0", "--algo", "grpo", "--seeds",
+                           "3", "--demos-from", str(tmp_path), "--out", str(again)], cwd=ROOT, env=script_env(), capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1].rsplit(" minutes=")[0] == lines[-1].rsplit(" minutes=")[0]

@@ -188,6 +188,8 @@ def oft_vla_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[str
     if model.checkpoint:
         vla = _checkpoint_vla(model, env, instructions)
     else:
+        if "model.proprio_dim" not in explicit:  # a fresh policy reads the state the env gives
+            model = replace(model, proprio_dim=simulator(env.name).state_size(env.simulator_kwargs()))
         try:
             vla = fresh_vla(model, instructions, env.name)
         except ValueError as err:

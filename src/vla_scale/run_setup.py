@@ -5,6 +5,7 @@ collective both loops ask (a value's mean over the ranks)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 from collections.abc import Callable, Collection
@@ -14,7 +15,9 @@ import torch
 import torch.distributed as dist
 
 from vla_scale.algo.registry import algorithm_class
+from vla_scale.checkpoint import RUN_CONFIG
 from vla_scale.config import Config, ConfigError
+from vla_scale.models.checkpoint_io import step_folder
 from vla_scale.models.critic import value_head_problems
 from vla_scale.models.interface import PolicySource
 from vla_scale.parallel.sim.cluster import ray_address_problem
@@ -26,10 +29,12 @@ def checked_policy(cfg: Config, explicit: Collection[str] = (), training: bool =
     (the entry scripts run them before importing a trainer, which takes seconds): the Ray address, then the policy
     against the env and the command line's `explicit` keys (`run_policy.vla_for_env`), whether the engine can roll
     it out and (`training`: launch/train.py; launch/eval.py passes False) whether RL can train it; the checked
-    policy, or a ConfigError that names what to change."""
+    policy, or a ConfigError that names what to change. A checkpoint trained here renders its env as it was trained
+    (`adopt_trained_resolution`)."""
     unreachable = ray_address_problem(cfg.parallel.ray_address)
     if unreachable:
         raise ConfigError(unreachable)
+    adopt_trained_resolution(cfg, explicit)
     vla = vla_for_env(cfg.model, cfg.env, explicit)
     if problems := vla.rollout_problems():
         raise ConfigError("cannot roll the policy out:\n  - " + "\n  - ".join(problems))
@@ -43,6 +48,30 @@ def checked_policy(cfg: Config, explicit: Collection[str] = (), training: bool =
         if problems:
             raise ConfigError("the checkpoint's critic does not fit:\n  - " + "\n  - ".join(problems))
     return vla
+
+
+def trained_resolution(checkpoint: str, env_name: str) -> int:
+    """The camera side `checkpoint` was trained at on env `env_name`, read from its run config (0: not a checkpoint
+    of this project, or trained on another env)."""
+    try:
+        with open(os.path.join(step_folder(checkpoint), RUN_CONFIG)) as f:
+            env = json.load(f).get("env", {})
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return int(env.get("camera_resolution", 0)) if env.get("name") == env_name else 0
+
+
+def adopt_trained_resolution(cfg: Config, explicit: Collection[str] = ()) -> None:
+    """Set `cfg.env.camera_resolution` to the side `model.checkpoint` was trained at, unless the command line set
+    it: the env config's default (Meta-World's 480 px) would otherwise render other images than the policy learnt
+    from, resized to its tower without a word. Says so when it changes the value."""
+    if not cfg.model.checkpoint or "env.camera_resolution" in explicit:
+        return
+    side = trained_resolution(cfg.model.checkpoint, cfg.env.name)
+    if side and side != cfg.env.camera_resolution:
+        print(f"env.camera_resolution={side}: the side {cfg.model.checkpoint} was trained at (the env config says "
+              f"{cfg.env.camera_resolution}; set env.camera_resolution to render at another)", flush=True)
+        cfg.env.camera_resolution = side
 
 
 def _free_port() -> int:

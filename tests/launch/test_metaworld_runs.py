@@ -76,7 +76,7 @@ def test_a_tiny_policy_fine_tunes_evaluates_and_other_cameras_are_refused(demons
                       "rollout.pipeline_stage_num=2", f"run_dir={evaluated}", "progress=false", timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
-    assert last.startswith("eval: suite=mt10 episodes=2 success_rate=") and "macro_success_rate=" in last
+    assert last.startswith("eval: suite=mt10 obs=agent episodes=2 success_rate=") and "macro_success_rate=" in last
     table = (evaluated / "eval_mt10.md").read_text()
     assert "| 0 | reach-v3: Reach a goal position | 1 |" in table and "| easy | 1 | 1 |" in table
     assert "| hard | 1 | 1 |" in table and "**macro**" in table and "init states 1000-1000" in table

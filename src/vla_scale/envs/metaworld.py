@@ -17,6 +17,12 @@ As LeRobot's Meta-World env and dataset (`lerobot/envs/metaworld.py`, `lerobot/m
 - success is the env's own `info["success"]`; an episode ends at its first success or after `max_steps` steps
   (Meta-World's `max_path_length`, 500, what LeRobot's evaluation plays).
 
+What the policy reads beside the image is a choice (`observation`, `env.metaworld.observation`), since the field runs
+Meta-World under two protocols: `agent` (LeRobot's VLA protocol: the 4-D agent state, the goal only in the picture,
+the default), `agent_goal` (the agent state and the goal's xyz, `obs[36:39]`: 7-D) and `full` (Meta-World's 39-D
+observation, what its MT10 / MT50 benchmarks hand an agent). Reach, push and pick-place put their goal at a random
+place each episode and draw it as a small sphere, so under `agent` a policy must find it in the image.
+
 Init states: init state k of any task is the object and goal placement Meta-World draws after `env.seed(k)`
 (`seeded_rand_vec`, what LeRobot's `reset(seed=k)` does), so the configs' EVAL block 1000..1009 is the seeds of
 LeRobot's evaluation (`eval.seed` 1000, 10 episodes per task) and the TRAIN states 0..999 never overlap it.
@@ -139,6 +145,28 @@ ACTION_DIM = 4
 PROPRIO_DIM = 4
 STATE_DIM = 39
 """Meta-World's full observation: end effector, gripper, objects (this step and the last), goal."""
+GOAL = slice(36, 39)
+"""The goal's xyz in the full observation."""
+OBSERVATIONS = {"agent": 4, "agent_goal": 7, "full": STATE_DIM}
+"""What the policy reads beside the image (`observation`) -> its size: the agent state (LeRobot's VLA protocol), the
+agent state and the goal's xyz, or Meta-World's whole observation."""
+
+
+def proprio(state: np.ndarray, observation: str) -> np.ndarray:
+    """The policy's state vector of `observation` from Meta-World's 39-D observation (float64)."""
+    state = np.asarray(state, dtype=np.float64)
+    if observation == "agent":
+        return state[:PROPRIO_DIM].copy()
+    if observation == "agent_goal":
+        return np.concatenate([state[:PROPRIO_DIM], state[GOAL]])
+    if observation == "full":
+        return state.copy()
+    raise ValueError(f"observation must be one of {list(OBSERVATIONS)}, got {observation!r}")
+
+
+def observation_of(proprio_dim: int) -> str:
+    """The observation whose state vector has `proprio_dim` values ('' when none has)."""
+    return next((name for name, size in OBSERVATIONS.items() if size == proprio_dim), "")
 MAX_PATH_LENGTH = 500
 """Meta-World's episode length (`max_path_length`), the step limit of LeRobot's evaluation."""
 LEROBOT_EVAL_SEEDS = tuple(range(1000, 1010))
@@ -183,6 +211,7 @@ class MetaWorldEnv:
     """One Meta-World simulator; see the module docstring for what it does and why.
 
     camera_resolution: the camera image's side in pixels. max_steps: policy steps per episode (None: 500).
+    observation: what `Observation.proprio` holds (`OBSERVATIONS`: agent, agent_goal or full).
     shadows, reflections, multisamples: the renderer's scene (Meta-World's own: on, on, 4). tasks_kept: the most
     scenes that stay built in this process, shared evenly by its open simulators, each keeping at least the one it
     plays (a scene is about 110 MB: Meta-World's env and its renderer); the one used longest ago is closed to build
@@ -194,11 +223,15 @@ class MetaWorldEnv:
     PROPRIO_DIM = PROPRIO_DIM
 
     def __init__(self, camera_resolution: int = 480, max_steps: int | None = None, shadows: bool = False,
-                 reflections: bool = False, multisamples: int = 0, tasks_kept: int = 10) -> None:
+                 reflections: bool = False, multisamples: int = 0, tasks_kept: int = 10,
+                 observation: str = "agent") -> None:
         if not 1 <= camera_resolution <= MAX_RESOLUTION:
             raise ValueError(f"camera_resolution must be in [1, {MAX_RESOLUTION}], got {camera_resolution}")
         if tasks_kept < 1:
             raise ValueError(f"tasks_kept must be >= 1, got {tasks_kept}")
+        if observation not in OBSERVATIONS:
+            raise ValueError(f"observation must be one of {list(OBSERVATIONS)}, got {observation!r}")
+        self.observation = observation
         self.tasks_kept = tasks_kept
         self.camera_resolution = camera_resolution
         self.limit = max_steps or MAX_PATH_LENGTH
@@ -299,7 +332,7 @@ class MetaWorldEnv:
 
     def _observe(self) -> Observation:
         assert self._task is not None
-        return Observation(images={CAMERA: self.render()}, proprio=self._state[:PROPRIO_DIM].astype(np.float64),
+        return Observation(images={CAMERA: self.render()}, proprio=proprio(self._state, self.observation),
                            instruction=INSTRUCTIONS[self._name])
 
     def render(self) -> np.ndarray:
@@ -345,12 +378,17 @@ class MetaWorldSettings:
     tasks_kept: int = 10
     """Scenes a simulator process keeps built (about 110 MB each), shared evenly by its simulators, each keeping at
     least the one it plays; playing another closes the one used longest ago and builds it (0.4 s)."""
+    observation: str = "agent"
+    """What the policy reads beside the image: agent (LeRobot's VLA protocol: the 4-D agent state, end effector xyz
+    and finger gap; the goal only in the picture), agent_goal (the agent state and the goal's xyz: 7-D) or full
+    (Meta-World's 39-D observation, as its MT10 / MT50 benchmarks hand it to an agent). Demonstrations record it as
+    `observation.state`; a checkpoint plays only the observation it was trained on."""
 
     BOUNDS: ClassVar[dict[str, Bound]] = {"multisamples": (">= 0", 0, True), "tasks_kept": (">= 1", 1, True)}
 
     def simulator_kwargs(self) -> dict[str, Any]:
         return {"shadows": self.shadows, "reflections": self.reflections, "multisamples": self.multisamples,
-                "tasks_kept": self.tasks_kept}
+                "tasks_kept": self.tasks_kept, "observation": self.observation}
 
     def startup_problems(self, suite: str) -> list[str]:
         """The task against the suite, and the `metaworld` package, checked before any simulator starts."""
@@ -367,6 +405,9 @@ class MetaWorldSettings:
         elif suite in MT50 and self.task != suite:
             problems.append(f"env.suite={suite!r} is one Meta-World task: choose it with env=metaworld_mt1 "
                             f"env.metaworld.task={suite}")
+        if self.observation not in OBSERVATIONS:
+            problems.append(f"env.metaworld.observation={self.observation!r} is not a Meta-World observation; choose "
+                            f"one of {', '.join(OBSERVATIONS)}")
         if self.multisamples > 16:
             problems.append(f"env.metaworld.multisamples={self.multisamples}: MuJoCo's offscreen buffers take 0-16")
         if not installed():
@@ -376,6 +417,18 @@ class MetaWorldSettings:
         return problems
 
 
+def _observation(kwargs: dict[str, Any]) -> tuple[str, int]:
+    """The observation the simulator kwargs ask for, and its state size (`Simulator.observation`)."""
+    name = kwargs.get("observation", "agent")
+    return name, OBSERVATIONS.get(name, PROPRIO_DIM)
+
+
+def _observation_hint(proprio_dim: int) -> str:
+    """The key that gives a `proprio_dim`-D state (`Simulator.observation_hint`)."""
+    name = observation_of(proprio_dim)
+    return f"env.metaworld.observation={name}" if name else ""
+
+
 SIMULATOR = Simulator(
     name="metaworld", env_class=MetaWorldEnv, settings=MetaWorldSettings, suites=SUITES, cameras=(CAMERA,),
     action_dim=ACTION_DIM, proprio_dim=PROPRIO_DIM, num_init_states=NUM_INIT_STATES, instructions=instructions,
@@ -383,4 +436,5 @@ SIMULATOR = Simulator(
     image_keys={CAMERA: "observation.image"}, task_names=lambda suite: list(tasks(suite)), task_groups=task_groups,
     max_resolution=MAX_RESOLUTION, published_step_limit=lambda suite: MAX_PATH_LENGTH,
     published_init_states=LEROBOT_EVAL_SEEDS, scripted_demo="vla_scale.envs.metaworld_demo:play_expert",
+    observation=_observation, observation_hint=_observation_hint,
 )

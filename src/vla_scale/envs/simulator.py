@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -72,6 +73,31 @@ class Simulator:
     scripted_demo: str = ""
     """The simulator's scripted demonstrator as "module:function" (`envs/scripted.ScriptedDemo`: plays one TaskSpec
     in an env of this simulator and records it); '': launch/demonstrate.py has none to play."""
+    observation: Callable[[dict[str, Any]], tuple[str, int]] | None = None
+    """The simulator's kwargs -> the name of the state its observations carry and the state's size, where the
+    settings choose it (Meta-World's `observation`); None: always `proprio_dim`, unnamed."""
+    observation_hint: Callable[[int], str] | None = None
+    """A state size -> the setting that gives it ('' where none does), for messages."""
+
+    def state_size(self, kwargs: dict[str, Any]) -> int:
+        """The size of `Observation.proprio` of a simulator built with `kwargs`."""
+        return self.observation(kwargs)[1] if self.observation is not None else self.proprio_dim
+
+    def observation_name(self, kwargs: dict[str, Any]) -> str:
+        """The name of the state a simulator built with `kwargs` observes ('' where the simulator has one kind)."""
+        return self.observation(kwargs)[0] if self.observation is not None else ""
+
+    def state_problem(self, trained: int, kwargs: dict[str, Any], what: str) -> str:
+        """'' when a policy trained on `trained`-D states fits a simulator built with `kwargs`; else what to change
+        (`what` names the policy's side, e.g. "the checkpoint was trained on")."""
+        size = self.state_size(kwargs)
+        if trained == size:
+            return ""
+        name = self.observation_name(kwargs)
+        given = f"{size}-d states ({name})" if name else f"{size}-d states"
+        hint = self.observation_hint(trained) if self.observation_hint is not None else ""
+        fix = f"set {hint} to play it" if hint else "use a policy trained on this env's states"
+        return f"{what} {trained}-d states but env {self.name!r} gives {given}: {fix}"
 
     def image_key(self, camera: str) -> str:
         """The image feature of `camera`'s frames in a dataset of this simulator."""

@@ -349,10 +349,11 @@ class PretrainedVLA:
         if spec.action_dim != face.action_dim:
             problems.append(f"the policy decodes {spec.action_dim}-d actions, env {env.name!r} takes "
                             f"{face.action_dim}-d ones: use a model for this env (model.action_dim)")
-        if spec.proprio_dim and spec.use_proprio and spec.proprio_dim != face.proprio_dim:
-            problems.append(f"the policy's proprio projector takes {spec.proprio_dim} values, env {env.name!r} gives "
-                            f"{face.proprio_dim}: set model.proprio_dim={face.proprio_dim} (e.g. model=tiny_libero "
-                            "for LIBERO) or model.use_proprio=false")
+        state = face.state_size(env.simulator_kwargs())
+        if spec.proprio_dim and spec.use_proprio and spec.proprio_dim != state:
+            problems.append(face.state_problem(spec.proprio_dim, env.simulator_kwargs(), "the policy's proprio "
+                                               "projector takes") + f" (a fresh policy: model.proprio_dim={state}, "
+                            "e.g. model=tiny_libero for LIBERO, or model.use_proprio=false)")
         return problems
 
     def describe(self, env: EnvKeys | None = None) -> str:

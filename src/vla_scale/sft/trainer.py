@@ -58,10 +58,13 @@ def load_demonstrations(cfg: Config, vla: PolicySource) -> list[Episode]:
     dataset's own problems, then what the policy's family finds in them: `demonstration_problems`)."""
     sim = simulator(cfg.env.name)
     keys = dataset_keys(cfg.sft, vla.cameras, sim)
+    kwargs = cfg.env.simulator_kwargs()
+    observed = sim.observation_name(kwargs)
+    env_name = f"{cfg.env.name} env.{cfg.env.name}.observation={observed}" if observed else cfg.env.name
     try:
         episodes = read_dataset(cfg.sft.dataset, keys, action_dim=sim.action_dim,
-                                state_dim=sim.proprio_dim if vla.reads_state else None,
-                                image_size=vla.camera_resolution(cfg.env), env_name=cfg.env.name)
+                                state_dim=sim.state_size(kwargs) if vla.reads_state else None,
+                                image_size=vla.camera_resolution(cfg.env), env_name=env_name)
     except DatasetError as err:
         raise ConfigError(f"sft.dataset={cfg.sft.dataset}: {err}") from err
     if not episodes:

@@ -118,9 +118,13 @@ class Pi0Source:
         tasks played whose prompts exceed the budget and would be cut. (π0.5's prompt carries the state too, known
         only as the episode runs.)"""
         face, width = simulator(env.name), self.spec.action_dim
-        sizes = {"actions": face.action_dim, "proprio states": face.proprio_dim}
+        sizes = {"actions": face.action_dim, "proprio states": face.state_size(env.simulator_kwargs())}
         problems = [f"env {env.name!r} has {n}-d {what} but the policy's action size is {width}: set "
                     f"model.pi0.action_dim >= {n}" for what, n in sizes.items() if n > width]
+        trained = self.trained_state_size()
+        if trained and face.observation is not None and (problem := face.state_problem(
+                trained, env.simulator_kwargs(), f"{self.source}'s norm stats say it was trained on")):
+            problems.append(problem)
         if self.spec.state_in_prompt or env.suite not in face.suites:
             return problems
         played = face.instructions(env.suite)[: env.num_tasks]
@@ -130,6 +134,11 @@ class Pi0Source:
                             f"> the policy's budget {self.spec.max_token_len}: set model.pi0.max_token_len={length} "
                             "(a checkpoint keeps its own budget: play tasks whose prompts fit it)")
         return problems
+
+    def trained_state_size(self) -> int:
+        """The size of the states the norm stats were made of (0: no state statistics)."""
+        stats = (self.norm_stats or {}).get("state")
+        return len(stats.mean) if stats is not None else 0
 
     def rollout_problems(self) -> list[str]:
         return []
