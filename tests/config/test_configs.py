@@ -195,3 +195,17 @@ def test_reading_the_configuration_imports_no_torch():
             "print(sorted(m for m in ('torch', 'transformers', 'deepspeed', 'ray') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_config_md_gives_the_presets_values_beside_the_schema_defaults():
+    """The default run takes model=tiny, whose patch side is 16 where the schema's default is 8: the doc says both,
+    and which preset the default run takes."""
+    from vla_scale.config.docs import config_markdown
+
+    text = config_markdown()
+    assert "the default run (`configs/config.yaml`) takes `model=tiny`, `env=reach`" in text
+    row = next(line for line in text.splitlines() if line.startswith("| `model.patch_size` |"))
+    assert row.startswith("| `model.patch_size` | int | `8` | oft_7b: `14`; tiny, tiny_libero, tiny_metaworld, "
+                          "tiny_pick_place: `16` |"), row
+    row = next(line for line in text.splitlines() if line.startswith("| `model.pi0.max_token_len` |"))
+    assert "pi0_tiny: `48`" in row, row

@@ -38,7 +38,7 @@ def test_evaluate_and_train_an_official_folder(tmp_path: Path) -> None:
     assert lines[-1].startswith("eval: suite=libero_spatial episodes=4 success_rate="), lines[-1]
     policy_line = next(line for line in lines if line.startswith("policy:"))
     for phrase in ("agentview+wrist rendered at 256 px", "jpeg_lanczos3 to 224, centre crop", "8-d proprio",
-                   "HFTokenizer", "'libero_spatial_no_noops'", "openvla actions -> libero"):
+                   "(BPE tokenizer of 32001 tokens)", "'libero_spatial_no_noops'", "openvla actions -> libero"):
         assert phrase in policy_line, policy_line
     assert (tmp_path / "eval_before" / "eval_libero_spatial.md").exists()
 

@@ -201,7 +201,8 @@ def test_a_pi0_prompt_budget_the_tasks_do_not_fit_is_refused() -> None:
     from vla_scale.run_policy import vla_for_env
 
     tokenizer = ROOT / "tests" / "fixtures" / "openpi_reference" / "tokenizer.model"
-    cfg = shipped("env=metaworld_mt10", "model=pi0_tiny", f"model.pi0.tokenizer={tokenizer}")
+    cfg = shipped("env=metaworld_mt10", "model=pi0_tiny", f"model.pi0.tokenizer={tokenizer}",
+                  "model.pi0.max_token_len=12")
     with pytest.raises(ConfigError, match=r"the instruction '.+' of env.suite=mt10 makes a prompt of (\d+) tokens > "
                                           r"the policy's budget 12: set model.pi0.max_token_len=\1"):
         vla_for_env(cfg.model, cfg.env)

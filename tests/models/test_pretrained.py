@@ -90,3 +90,19 @@ def test_checking_a_checkpoint_folder_parses_each_json_file_once(tmp_path, monke
     vla = vla_for_env(ModelConfig(checkpoint=str(tmp_path)), EnvConfig())
     assert vla.spec.chunk_len == CFG.chunk_len
     assert opened["config.json"] == 1 and opened["preprocessor_config.json"] == 1, dict(opened)
+
+
+def test_the_policy_line_names_the_tokenizer_alike_before_and_after_saving(tmp_path):
+    """A fresh policy holds a `WordTokenizer`, its saved folder reads back as an `HFTokenizer`: SFT's, eval's and
+    train's `policy:` lines name the same tokenizer by what it is, not by the class holding it."""
+    import re
+
+    fresh = vla_for()
+    fresh.save_pretrained(str(tmp_path))
+    loaded = vla_for_env(ModelConfig(checkpoint=str(tmp_path)), EnvConfig())
+    assert type(fresh.tokenizer) is not type(loaded.tokenizer)
+    name = fresh.tokenizer.name
+    assert re.fullmatch(rf"word-level tokenizer of {fresh.tokenizer.vocab_size} tokens", name), name
+    assert loaded.tokenizer.name == name
+    for vla in (fresh, loaded):
+        assert f"tokens ({name}); " in vla.describe(EnvConfig()), vla.describe(EnvConfig())

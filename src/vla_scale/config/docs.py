@@ -1,13 +1,23 @@
-"""docs/CONFIG.md, generated from the schemas' field docstrings: `python -m vla_scale.config.docs > docs/CONFIG.md`."""
+"""docs/CONFIG.md, generated from the schemas' field docstrings and the values the shipped presets set (`configs/`):
+`python -m vla_scale.config.docs > docs/CONFIG.md`."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import functools
 import inspect
+from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+from omegaconf import OmegaConf
 
 from vla_scale.config import schema
 from vla_scale.envs.registry import SIMULATORS
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+"""The shipped YAML files: `config.yaml` (the default run) and one folder per group of presets."""
 
 
 def field_docs(module: ModuleType = schema, names: tuple[str, ...] = ()) -> dict[str, list[tuple[str, str, str, str]]]:
@@ -37,22 +47,75 @@ def config_markdown() -> str:
                 "AlgoConfig": "algo", "ParallelConfig": "parallel", "DeepSpeedConfig": "deepspeed",
                 "RolloutConfig": "rollout", "SyncConfig": "sync", "SftConfig": "sft",
                 "RecordConfig": "record", "DemoConfig": "demo"}
-    lines = ["# Configuration", "", "Generated from `src/vla_scale/config/schema.py` and each simulator's settings "
-             "class by `python -m vla_scale.config.docs`; override any field on the command line (`algo.lr=3e-4`) "
-             "or pick a group option (`deepspeed=zero2`).", ""]
+    presets, defaults = preset_configs(), default_options()
+    picked = ", ".join(f"`{group}={option}`" for group, option in defaults.items())
+    lines = ["# Configuration", "", "Generated from `src/vla_scale/config/schema.py`, each simulator's settings "
+             "class and the presets under `configs/` by `python -m vla_scale.config.docs`; override any field on the "
+             "command line (`algo.lr=3e-4`) or pick a group option (`deepspeed=zero2`).", "",
+             f"A run always takes one preset of each group: the default run (`configs/config.yaml`) takes {picked}. "
+             "The default column is the schema's; the presets column gives each value a preset sets away from it "
+             "(a preset it does not name keeps the schema's default), so the default run's value of a key is the "
+             "one its preset is listed with, else the schema's.", ""]
     docs = field_docs()
     for name, sim in SIMULATORS.items():
         docs.update(field_docs(inspect.getmodule(sim.settings), (sim.settings.__name__,)))
         docs["EnvConfig"].append((name, sim.settings.__name__, f"{sim.settings.__name__}()",
                                   f"{' '.join(str(sim.settings.__doc__).split())} See the `env.{name}` table."))
     for cls, group in sections.items():
-        lines += [f"## `{group}` ({cls})", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        lines += [f"## `{group}` ({cls})", ""]
         prefix = "" if cls == "Config" else f"{group}."
-        lines += [f"| `{prefix}{name}` | {typ} | `{default}` | {doc} |" for name, typ, default, doc in docs[cls]]
+        folder = group.split(".")[0]
+        if folder in defaults:
+            lines += [f"| key | type | default | presets (`{folder}=...`; the default run: `{defaults[folder]}`) | "
+                      "meaning |", "|---|---|---|---|---|"]
+            lines += [f"| `{prefix}{name}` | {typ} | `{default}` | {preset_cell(presets[folder], prefix + name)} | "
+                      f"{doc} |" for name, typ, default, doc in docs[cls]]
+        else:
+            lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
+            lines += [f"| `{prefix}{name}` | {typ} | `{default}` | {doc} |" for name, typ, default, doc in docs[cls]]
         lines.append("")
         if cls == "AlgoConfig":
             lines += algorithm_table()
     return "\n".join(lines)
+
+
+def default_options() -> dict[str, str]:
+    """{group: the preset `configs/config.yaml` picks}, in its defaults list's order."""
+    entries = OmegaConf.to_container(OmegaConf.load(CONFIGS / "config.yaml"))["defaults"]  # type: ignore[index]
+    return {group: option for entry in entries if isinstance(entry, dict) for group, option in entry.items()}
+
+
+@functools.cache
+def preset_configs() -> dict[str, dict[str, schema.Config]]:
+    """{group: {preset: the schema's Config with what `configs/<group>/<preset>.yaml` sets (through its defaults
+    list)}}, for every YAML file under `configs/<group>/`."""
+    from hydra import compose, initialize_config_dir
+
+    base = OmegaConf.structured(schema.Config)
+    out: dict[str, dict[str, schema.Config]] = {}
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        for group in sorted(p for p in CONFIGS.iterdir() if p.is_dir()):
+            out[group.name] = {yaml.stem: schema.to_config(OmegaConf.merge(
+                base, compose(config_name=f"{group.name}/{yaml.stem}"))) for yaml in sorted(group.glob("*.yaml"))}
+    return out
+
+
+def preset_cell(presets: dict[str, schema.Config], key: str) -> str:
+    """The presets that set `key` away from the schema's default, grouped by value: 'tiny, tiny_libero: `16`;
+    oft_7b: `14`' ('' when none does; a nested section's field is documented in its own table)."""
+    default = _value(schema.Config(), key)
+    by_value: dict[str, list[str]] = {}
+    for name, cfg in presets.items():
+        value = _value(cfg, key)
+        if value != default and not dataclasses.is_dataclass(value):
+            by_value.setdefault(repr(value), []).append(name)
+    return "; ".join(f"{', '.join(names)}: `{value}`" for value, names in by_value.items())
+
+
+def _value(cfg: Any, key: str) -> Any:
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
 
 
 def algorithm_table() -> list[str]:

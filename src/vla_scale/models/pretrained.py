@@ -370,7 +370,7 @@ class PretrainedVLA:
                 "action head tokens (LM-head bins)")
         budget = f"prompts of up to {self.max_text_len} tokens" if self.max_text_len else "prompts padded per batch"
         return (f"{self.source}: images {'+'.join(self.cameras)} {render}{crop}; "
-                f"{proprio}; {budget} ({type(self.tokenizer).__name__}); {stats}; {head}; {self.convention} actions -> "
+                f"{proprio}; {budget} ({self.tokenizer.name}); {stats}; {head}; {self.convention} actions -> "
                 f"{self.env}")
 
 

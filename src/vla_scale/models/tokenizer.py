@@ -49,9 +49,25 @@ class TextTokenizer(Protocol):
         """Right-padded token ids int64[B, max_len] and attention mask bool[B, max_len] (BOS first)."""
         ...
 
+    @property
+    def name(self) -> str:
+        """What the tokenizer is, the same words before it is saved and after it is read back (`tokenizer_name`)."""
+        ...
+
     def save(self, path: str) -> None:
         """Write the files `HFTokenizer.from_folder` reads back to the same ids."""
         ...
+
+
+KINDS = {"WordLevel": "word-level", "BPE": "BPE", "Unigram": "Unigram", "WordPiece": "WordPiece"}
+"""How the policy line names each `tokenizers` model type."""
+
+
+def tokenizer_name(tokenizer: Tokenizer) -> str:
+    """E.g. 'word-level tokenizer of 40 tokens' (a fresh policy's, saved or not), 'BPE tokenizer of 32001 tokens'
+    (Llama-2's with OpenVLA's `<PAD>`): named by its model type and vocabulary, never by the class that holds it."""
+    kind = type(tokenizer.model).__name__
+    return f"{KINDS.get(kind, kind)} tokenizer of {tokenizer.get_vocab_size(with_added_tokens=True)} tokens"
 
 
 def pad_rows(rows: list[list[int]], max_len: int, pad_id: int, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -94,6 +110,10 @@ class WordTokenizer:
 
     def encode(self, texts: list[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
         return pad_rows([self.prompt_ids(t) for t in texts], max_len, self.pad_id, texts)
+
+    @property
+    def name(self) -> str:
+        return tokenizer_name(self._tok)
 
     def save(self, path: str) -> None:
         write_tokenizer_files(path, self._tok, dict(zip(("unk_token", "bos_token", "eos_token", "pad_token"),
@@ -150,6 +170,10 @@ class HFTokenizer:
 
     def encode(self, texts: list[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
         return pad_rows([self.prompt_ids(t) for t in texts], max_len, self.pad_id, texts)
+
+    @property
+    def name(self) -> str:
+        return tokenizer_name(self._tok)
 
     def save(self, path: str) -> None:
         names = {key: self._tok.id_to_token(i) for key, i in (("bos_token", self.bos_id), ("eos_token", self.eos_id),
