@@ -167,7 +167,8 @@ def test_sft_rl_runs_the_mt10_recipe_and_reports_each_task(tmp_path):
     pytest.importorskip("metaworld", reason="Meta-World is not installed: `make metaworld`")
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sft_rl.py"), "--dry-run", "--env",
                            "metaworld_mt10", "--obs", "agent_goal", "--family", "pi0", "--algo", "grpo", "--seeds",
-                           "3", "--out", str(tmp_path)], cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=900)
+                           "3", "--out", str(tmp_path)], cwd=ROOT, env=script_env(), capture_output=True, text=True,
+                          timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert re.fullmatch(r"sft_rl: env=metaworld_mt10 obs=agent_goal family=pi0 algo=grpo seed=3 sft=\d\.\d\d "
@@ -182,8 +183,8 @@ def test_sft_rl_runs_the_mt10_recipe_and_reports_each_task(tmp_path):
     again = tmp_path / "again"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sft_rl.py"), "--dry-run", "--env",
                            "metaworld_mt10", "--obs", "agent_goal", "--family", "pi0", "--algo", "grpo", "--seeds",
-                           "3", "--demos-from", str(tmp_path), "--out", str(again)], cwd=ROOT, env=script_env(), capture_output=True,
-                          text=True, timeout=900)
+                           "3", "--demos-from", str(tmp_path), "--out", str(again)], cwd=ROOT, env=script_env(),
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1].rsplit(" minutes=")[0] == lines[-1].rsplit(" minutes=")[0]
     for phase in ("sft", "rl"):

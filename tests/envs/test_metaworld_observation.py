@@ -1,7 +1,6 @@
-"""What a Meta-World policy reads beside its image (`env.metaworld.observation`): agent (LeRobot's 4-D state), agent_goal
-(with the goal's xyz) and full (Meta-World's 39-D observation); a fresh policy follows the choice, a checkpoint
-trained on one is refused on another before any simulator starts, naming the one it needs; the evaluation's
-published figure beside a wider held-out one."""
+"""What a Meta-World policy reads beside its image (`env.metaworld.observation`): agent (LeRobot's 4-D state),
+agent_goal (with the goal's xyz) and full (Meta-World's 39-D observation); a fresh policy follows the choice, a
+checkpoint trained on one is refused on another before any simulator starts, naming the one it needs."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import read_scalars, run_script
+from conftest import ROOT, read_scalars, run_script
+from hydra import compose, initialize_config_dir
 
 pytestmark = pytest.mark.slow  # launches the entry scripts: demonstrations, a fine-tune, an evaluation
 pytest.importorskip("av", reason="PyAV (the av package) writes and reads the datasets' videos: `make install`")
@@ -80,6 +81,19 @@ def test_a_tiny_policy_fine_tunes_evaluates_and_other_cameras_are_refused(demons
     table = (evaluated / "eval_mt10.md").read_text()
     assert "| 0 | reach-v3: Reach a goal position | 1 |" in table and "| easy | 1 | 1 |" in table
     assert "| hard | 1 | 1 |" in table and "**macro**" in table and "init states 1000-1000" in table
+    # without env.camera_resolution on the command line, the checkpoint renders at the side it was trained at, not
+    # at the env config's 480 px
+    from vla_scale.config import register_configs, to_config
+    from vla_scale.run_setup import adopt_trained_resolution
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = to_config(compose(config_name="config", overrides=["env=metaworld_mt10", f"model.checkpoint={run}"]))
+    assert cfg.env.camera_resolution == 480
+    adopt_trained_resolution(cfg, explicit=["model.checkpoint"])
+    assert cfg.env.camera_resolution == 32
+    cfg.env.camera_resolution = 128
+    adopt_trained_resolution(cfg, explicit=["model.checkpoint", "env.camera_resolution"])
+    assert cfg.env.camera_resolution == 128
     scalars = read_scalars(str(evaluated / "tb"))
     assert {"eval/task_1_success_rate", "eval/group_easy_success_rate", "eval/group_hard_success_rate",
             "eval/group_macro_success_rate"} <= set(scalars)
