@@ -1,8 +1,10 @@
 """How many pixels of a Meta-World task's camera image show its goal, at each camera resolution:
 `python benchmarks/goal_pixels.py --resolutions 32 64 128 480`.
 
-A task whose goal is a position (reach, push, pick-place, ...) marks it with the scene's red `goal` site, a 2 cm
-sphere; the policy sees it only in the image (its state is the end effector and the gripper: docs/CONFIG.md, env).
+A task whose goal is a position (reach, push, pick-place, ...) marks it with the scene's `goal` site, a sphere of
+0.02 m radius (4 cm across; red in reach, green in push, blue in pick-place); under `env.metaworld.observation=agent`
+the policy sees it only in the image (its state is the end effector and the gripper; `agent_goal` and `full` hand
+it the goal's xyz).
 For each task of `--suite` and each of `--placements` held-out placements (EVAL seeds 1000...), the corner2 image is
 rendered as the policy's is (`MetaWorldEnv`, after the reset), then again with the goal site made transparent, and
 the pixels that differ are counted. A task without a goal site prints `-`; 0 means the site is hidden behind the
