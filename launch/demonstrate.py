@@ -6,12 +6,18 @@ The simulator's scripted demonstrator (its record's `scripted_demo`: pick_place'
 stay held out for `launch/eval.py`. Every env step is recorded (cameras, proprio state, the action taken, or with
 `demo.label=intended` the action the demonstrator meant before its noise, and what else the simulator keeps) and
 written to `record.path` (a new folder, the simulator's feature names; `record.episodes=successes` drops the
-demonstrator's failures). A line per task says how many episodes it played, succeeded and dropped; the last line
-printed is `demonstrate: episodes=<n> recorded=<m> success_rate=<r> path=<dir>`.
+demonstrator's failures). A progress bar counts the episodes played and the successes so far (with `progress=false`
+a plain line every tenth of the episodes instead). A line per task says how many episodes it played, succeeded and
+dropped; the last line printed is `demonstrate: episodes=<n> recorded=<m> success_rate=<r> path=<dir>`.
+
+The run directory is `run_dir=` (or `hydra.run.dir=`), else `<record.path>_run` beside the dataset: Hydra's record
+(`.hydra/`) and `demonstrate.log` (everything the console shows) are written there once the checks pass, so a refused
+command writes nothing anywhere and two commands never share one (each names its own new `record.path`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -31,8 +37,38 @@ from vla_scale.config import (  # noqa: E402
     validate,
 )
 from vla_scale.envs.types import TaskSpec  # noqa: E402
+from vla_scale.launcher import checks_first_argv, write_run_record  # noqa: E402
 
 register_configs()
+sys.argv = checks_first_argv(sys.argv)  # Hydra writes nothing: the run directory is made once the checks pass
+
+
+def run_directory(cfg: Config) -> str:
+    """`run_dir`, else `<record.path>_run` beside the dataset."""
+    return cfg.run_dir or os.path.normpath(cfg.record.path) + "_run"
+
+
+class EpisodeCount:
+    """The episodes played so far: a progress bar over them with the success rate (progress=true), else a plain line
+    every tenth of them."""
+
+    def __init__(self, total: int, bar: bool):
+        from vla_scale.run_log import progress
+
+        self.total, self.played, self.succeeded = total, 0, 0
+        self.every = 0 if bar else max(1, math.ceil(total / 10))
+        self.bar = progress(total, 0, bar, "demonstrate")
+
+    def add(self, success: bool) -> None:
+        self.played += 1
+        self.succeeded += success
+        self.bar.update(1)
+        self.bar.set_postfix(success=f"{self.succeeded / self.played:.2f}")
+        if self.every and (self.played % self.every == 0 or self.played == self.total):
+            print(f"episodes {self.played}/{self.total}: {self.succeeded} succeeded", flush=True)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def demonstration_specs(cfg: Config) -> list[TaskSpec]:
@@ -58,7 +94,7 @@ def problems(cfg: Config) -> list[str]:
     return found
 
 
-def demonstrate(cfg: Config) -> float:
+def demonstrate(cfg: Config, run_dir: str) -> float:
     """Plays the demonstrations and writes those `record.episodes` keeps as they are played (one held at a time)."""
     import numpy as np
 
@@ -72,11 +108,16 @@ def demonstrate(cfg: Config) -> float:
     env = make_env(cfg.env.name, **cfg.env.simulator_kwargs())
     rng = np.random.default_rng(cfg.seed)
     outcomes: dict[int, list[bool]] = {}
+    specs = demonstration_specs(cfg)
+    print(f"demonstrating {len(specs)} episodes of {cfg.env.suite} into {cfg.record.path}, run directory {run_dir}",
+          flush=True)
+    count = EpisodeCount(len(specs), cfg.progress)
 
     def kept() -> Iterator[Episode]:
-        for spec in demonstration_specs(cfg):
+        for spec in specs:
             d = play(env, spec, cfg.demo.noise, rng)
             outcomes.setdefault(spec.task_id, []).append(d.success)
+            count.add(d.success)
             if d.success or cfg.record.episodes == "all":
                 actions = d.intended if cfg.demo.label == "intended" else d.actions
                 yield Episode(d.instruction, d.images, d.state, actions, d.success, d.extras)
@@ -88,6 +129,7 @@ def demonstrate(cfg: Config) -> float:
     except NoEpisodes:
         pass  # every demonstration failed and only successes are kept: nothing to write
     finally:
+        count.close()
         env.close()
     names = sim.task_names(cfg.env.suite) if sim.task_names else sim.instructions(cfg.env.suite)
     for task, mine in sorted(outcomes.items()):
@@ -111,7 +153,9 @@ def main(dict_cfg: DictConfig) -> float:
             raise ConfigError("cannot record demonstrations:\n  - " + "\n  - ".join(found))
     except ConfigError as err:
         sys.exit(f"error: {err}")
-    return demonstrate(cfg)
+    run_dir = run_directory(cfg)
+    write_run_record(run_dir, dict_cfg)
+    return demonstrate(cfg, run_dir)
 
 
 if __name__ == "__main__":
