@@ -131,6 +131,9 @@ def write_video(stem: str, frames: np.ndarray, fps: int = 5) -> str:
     return stem + ".mp4"
 
 
-def progress(total: int, initial: int, enabled: bool, desc: str) -> tqdm:
-    """A progress bar over training steps (silent when disabled or not on rank 0)."""
-    return tqdm(total=total, initial=initial, disable=not enabled, desc=desc, dynamic_ncols=True)
+def progress(total: int, initial: int, enabled: bool, desc: str, unit: str = "it", leave: bool = True) -> tqdm:
+    """A progress bar (silent when disabled, as it is on ranks other than 0): over training steps, or the episodes
+    of one rollout or evaluation (`unit="episode"`, `leave=False`: it goes away when they are done, below the bar
+    of the steps)."""
+    return tqdm(total=total, initial=initial, disable=not enabled, desc=desc, unit=unit, leave=leave,
+                dynamic_ncols=True)

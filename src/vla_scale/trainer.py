@@ -8,7 +8,8 @@ One RL step (see docs/ARCHITECTURE.md):
      values); the clipped token loss plus the algorithm's own terms; `mini_batches` optimizer steps through
      DeepSpeed;
   5. gather the actor's weights into the rollout engine in buckets; the checksums must agree.
-Evaluation (greedy, held-out init states) runs at step 0, every `eval_every` steps and at the end.
+Evaluation (greedy, held-out init states) runs at step 0, every `eval_every` steps and at the end; with
+`eval_every=0` never (the run's metrics then hold `eval/success_rate` NaN).
 
 With `algo.max_staleness=1` the rollout of step k+1 is played during update k (`rollout/ahead.py`), with the weights
 update k started from; the sync after update k waits for it. A step followed by a checkpoint (and the last step)
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from vla_scale import checkpoint
 from vla_scale.batches import (
@@ -38,7 +40,7 @@ from vla_scale.batches import (
     kept_groups,
     repeat_for_groups,
 )
-from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, validate
+from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, init_state_ids, validate
 from vla_scale.envs.registry import simulator
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models.fp8 import fp8_problem
@@ -52,7 +54,7 @@ from vla_scale.rollout.ahead import RolloutAhead
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop, LoopStats, success_metrics
 from vla_scale.rollout.sampler import TaskSampler, eval_specs
-from vla_scale.rollout.stack import max_chunks, needs_ray, play_eval, start_fleet, start_ray_for
+from vla_scale.rollout.stack import episode_steps, max_chunks, needs_ray, play_eval, start_fleet, start_ray_for
 from vla_scale.run_log import RunLogger, progress
 from vla_scale.run_setup import (
     checked_policy,
@@ -97,7 +99,8 @@ class PhaseTimer:
 
 @dataclass(frozen=True)
 class Schedule:
-    """When a run evaluates, saves and sends the next step's resets ahead, by step count (`step` = steps done)."""
+    """When a run evaluates, saves and sends the next step's resets ahead, by step count (`step` = steps done).
+    `eval_every=0` evaluates never, `save_every=0` saves never."""
 
     steps: int
     eval_every: int
@@ -105,7 +108,12 @@ class Schedule:
 
     def evaluates_before(self, step: int) -> bool:
         """An evaluation runs before step `step + 1` (at step 0, every `eval_every`; the end has its own)."""
-        return step % self.eval_every == 0
+        return bool(self.eval_every) and step % self.eval_every == 0
+
+    @property
+    def evaluates_at_end(self) -> bool:
+        """An evaluation runs after the last step."""
+        return bool(self.eval_every)
 
     def saves_after(self, step: int) -> bool:
         """A checkpoint is written once `step` steps are done (before the end, which always saves if saving)."""
@@ -256,12 +264,14 @@ class Trainer:
 
     # ---- the loop -------------------------------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
+        """The steps left, with their evaluations and checkpoints; the last value of every metric
+        (`eval/success_rate` NaN where no evaluation ran)."""
         cfg = self.cfg
         if not self.ready:
             self.setup()
         last: dict[str, float] = {}
         if self.rank == 0:
-            print(f"training steps {self.step + 1}-{cfg.steps}", flush=True)
+            print(f"training steps {self.step + 1}-{cfg.steps}\n{self.evaluation_line()}", flush=True)
         bar = progress(cfg.steps, self.step, cfg.progress and self.rank == 0, "train")
         while self.step < cfg.steps:
             before = self.resume_state()  # what a checkpoint of the last finished step holds
@@ -277,9 +287,7 @@ class Trainer:
                 bar.close()
                 self._stop_lost_node(self.lost_ahead, self.resume_state())
             last.update(metrics)
-            bar.update(1)
-            bar.set_postfix(success=f"{metrics['train/success_rate']:.2f}",
-                            eval=f"{last.get('eval/success_rate', 0):.2f}")
+            self._show_step(bar, last)
             saved = self.schedule.saves_after(self.step)
             if saved:
                 self.save()
@@ -287,11 +295,36 @@ class Trainer:
                 bar.close()
                 self._stop_preempted(saved)
         bar.close()
-        last.update(self.evaluate())
+        if self.schedule.evaluates_at_end:
+            last.update(self.evaluate())
         if cfg.save_every:
             self.save()
         self.log.close()
-        return last
+        return {"eval/success_rate": float("nan"), **last}
+
+    def _show_step(self, bar: tqdm, last: dict[str, float]) -> None:
+        """The step just done on the console: the steps' bar and its success rates, or with `progress=false` one
+        line (rank 0)."""
+        bar.update(1)
+        rates = {"success": f"{last['train/success_rate']:.2f}"}
+        if "eval/success_rate" in last:
+            rates["eval"] = f"{last['eval/success_rate']:.2f}"
+        bar.set_postfix(rates)
+        if self.rank == 0 and not self.cfg.progress:
+            print(f"step {self.step}/{self.cfg.steps}: success {rates['success']}, {last['train/env_steps']:.0f} env "
+                  f"steps, rollout {last['time/rollout_s']:.0f} s, update {last['time/update_s']:.0f} s", flush=True)
+
+    def evaluation_line(self) -> str:
+        """What one evaluation plays and when it runs, with the keys that shrink or skip it (it takes minutes where
+        the episodes are many and long)."""
+        e = self.cfg.env
+        if not self.schedule.evaluates_at_end:
+            return "evaluation: none (eval_every=0)"
+        states = len(init_state_ids(e, "eval"))
+        first = "at step 0, " if self.step == 0 else ""
+        return (f"evaluation: {e.num_tasks * states} episodes ({e.num_tasks} tasks x {states} init states) of up to "
+                f"{episode_steps(e)} env steps {first}every {self.cfg.eval_every} steps and at the end; "
+                "env.num_eval_init_states and env.num_tasks shrink it, eval_every=0 skips it")
 
     def _stop_lost_node(self, err: SimNodeLost, before: dict) -> None:
         """A simulation node lost mid-step: the last finished step saved (from the states it ended with, so a resume
@@ -393,18 +426,25 @@ class Trainer:
         rates: list[float] = []
         rounds = env_steps = 0
         outcomes: tuple[tuple[int, bool], ...] = ()
-        while len(kept) < n and rounds <= a.max_resample_rounds:
-            specs = self.next_specs if rounds == 0 and self.next_specs else self.sampler.draw(n)
-            self.next_specs = None
-            uids = group_uids(f"{self.rank}.{done}.{rounds}", n, a.group_size)
-            trajs = self.loop.run(repeat_for_groups(specs, a.group_size), uids, a.temperature)
-            outcomes = outcomes or tuple((traj.task.task_id, traj.success) for traj in trajs)
-            groups, rate = kept_groups(trajs, uids, a)
-            kept += groups
-            rates.append(rate)
-            rounds += 1
-            env_steps += sum(traj.env_steps for traj in trajs)
+        with self._episode_bar(n * a.group_size, f"rollout {done + 1}") as bar:
+            while len(kept) < n and rounds <= a.max_resample_rounds:
+                specs = self.next_specs if rounds == 0 and self.next_specs else self.sampler.draw(n)
+                self.next_specs = None
+                uids = group_uids(f"{self.rank}.{done}.{rounds}", n, a.group_size)
+                bar.total = (rounds + 1) * n * a.group_size  # a refill round adds as many
+                trajs = self.loop.run(repeat_for_groups(specs, a.group_size), uids, a.temperature, bar=bar)
+                outcomes = outcomes or tuple((traj.task.task_id, traj.success) for traj in trajs)
+                groups, rate = kept_groups(trajs, uids, a)
+                kept += groups
+                rates.append(rate)
+                rounds += 1
+                env_steps += sum(traj.env_steps for traj in trajs)
         return StepBatch(kept[:n], rates[0], rounds, rounds * n * a.group_size, env_steps, outcomes)
+
+    def _episode_bar(self, total: int, desc: str) -> tqdm:
+        """A bar below the steps' bar counting this rank's episodes of one rollout or evaluation as they end (on
+        rank 0 with `progress=true`); it goes away when they are done."""
+        return progress(total, 0, self.cfg.progress and self.rank == 0, desc, unit="episode", leave=False)
 
     def task_success(self, batch: StepBatch) -> dict[str, float]:
         """`train/task_<k>_success_rate`: the first round's success on task k over every rank's episodes, for each
@@ -448,8 +488,12 @@ class Trainer:
 
     # ---- evaluation -------------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
+        """Every task on every held-out init state, greedy, the episodes shared out over the ranks; the success rates
+        (logged; with `progress=false` rank 0 prints one line)."""
         specs = eval_specs(self.cfg.env)[self.rank :: self.world]  # each rank plays its share
-        trajs = play_eval(self.loop, specs, self.cfg.algo.temperature, f"eval.{self.rank}.")
+        start = time.perf_counter()
+        with self._episode_bar(len(specs), f"eval at step {self.step}") as bar:
+            trajs = play_eval(self.loop, specs, self.cfg.algo.temperature, f"eval.{self.rank}.", bar)
         if self.world > 1:
             parts: list = [None] * self.world
             dist.all_gather_object(parts, [(t.task, t.success) for t in trajs])
@@ -459,6 +503,9 @@ class Trainer:
         e = self.cfg.env
         metrics = success_metrics(outcomes, e.num_tasks, simulator(e.name).groups(e.suite, e.num_tasks))
         self.log.scalars(metrics, self.step)
+        if self.rank == 0 and not self.cfg.progress:
+            print(f"eval at step {self.step}: success {metrics['eval/success_rate']:.3f} over {len(outcomes)} "
+                  f"episodes in {time.perf_counter() - start:.0f} s", flush=True)
         videos = os.path.join(self.run_dir, "videos", f"step_{self.step}")
         self.log.episode_videos(trajs, self.cfg.env.eval_videos_per_task, self.step, videos)
         return metrics

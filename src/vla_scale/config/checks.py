@@ -104,7 +104,9 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     "record.fps": AT_LEAST_1,
     "demo.episodes": AT_LEAST_1,
     "demo.noise": AT_LEAST_0,
-    **{k: AT_LEAST_1 for k in ("steps", "eval_every")},
+    "steps": AT_LEAST_1,
+    "eval_every": (">= 0 (0: no evaluation during the run; env.num_eval_init_states and env.num_tasks shrink each "
+                   "one)", 0, True),
     **{k: AT_LEAST_0 for k in ("seed", "save_every")},
 }
 """Every numeric key's range: (phrase, limit, limit allowed). A size or count that reaches a buffer, a division or a

@@ -524,7 +524,8 @@ class Config:
     steps: int = 120
     """RL steps to train."""
     eval_every: int = 20
-    """Evaluate on the held-out init states every this many steps (and at step 0 and at the end)."""
+    """Evaluate on the held-out init states every this many steps (and at step 0 and at the end); 0 disables. Each
+    evaluation plays env.num_tasks x env.num_eval_init_states episodes."""
     save_every: int = 40
     """Write a checkpoint every this many steps (and at the end); 0 disables."""
     resume: bool = False

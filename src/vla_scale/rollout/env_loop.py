@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
 from vla_scale.models.interface import PolicySource
 from vla_scale.parallel.sim.fleet import Restarted, SimFleet
 from vla_scale.rollout.engine import RolloutEngine
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 
 @dataclass
@@ -93,9 +97,10 @@ class EnvLoop:
                 self.fleet.recv()
             self._prefetched = None
 
-    def run(self, tasks: list[TaskSpec], uids: list[str], temperature: float, greedy: bool = False
-            ) -> list[Trajectory]:
-        """Play every task once; trajectories come back in the order of `tasks`."""
+    def run(self, tasks: list[TaskSpec], uids: list[str], temperature: float, greedy: bool = False,
+            bar: tqdm | None = None) -> list[Trajectory]:
+        """Play every task once; trajectories come back in the order of `tasks`. `bar`, when given, advances by one
+        as each episode ends (a round of many long episodes takes minutes)."""
         out: list[Trajectory] = []
         for start in range(0, len(tasks), self.fleet.size):
             part = tasks[start : start + self.fleet.size]
@@ -104,7 +109,7 @@ class EnvLoop:
             if self._prefetched is None:
                 self._send_resets(part)
             self._prefetched = None
-            out.extend(self._run_round(part, uids[start : start + self.fleet.size], temperature, greedy))
+            out.extend(self._run_round(part, uids[start : start + self.fleet.size], temperature, greedy, bar))
         return out
 
     def _send_resets(self, tasks: list[TaskSpec]) -> None:
@@ -113,8 +118,8 @@ class EnvLoop:
         for s in range(self.fleet.stages):
             self.fleet.send_reset(padded, active & (self.stage == s))
 
-    def _run_round(self, tasks: list[TaskSpec], uids: list[str], temperature: float, greedy: bool
-                   ) -> list[Trajectory]:
+    def _run_round(self, tasks: list[TaskSpec], uids: list[str], temperature: float, greedy: bool,
+                   bar: tqdm | None) -> list[Trajectory]:
         size = self.fleet.size
         trajs = [Trajectory(task, uid) for task, uid in zip(tasks, uids, strict=True)]
         running = np.arange(size) < len(tasks)
@@ -135,6 +140,8 @@ class EnvLoop:
             for i in mine:
                 self._apply(i, results[i], trajs[i], observations, running, chunks_done)
             todo = [i for i in mine if running[i]]
+            if bar is not None and len(todo) < len(mine):
+                bar.update(len(mine) - len(todo))
             if todo:
                 self._decode_and_send(todo, s, trajs, observations, chunks_done, temperature, greedy)
                 outstanding.append(s)

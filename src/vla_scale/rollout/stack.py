@@ -81,14 +81,14 @@ def episode_steps(env: EnvConfig) -> int:
 def play_eval(loop: EnvLoop, specs: list[TaskSpec], temperature: float, uid_prefix: str,
               bar: tqdm | None = None) -> list[Trajectory]:
     """Each of `specs` played once with greedy decoding (uids `<uid_prefix><index>`), one round of the fleet's slots
-    at a time; `bar`, when given, counts the episodes and shows the success rate so far. What the trainer's
-    evaluation and launch/eval.py play."""
+    at a time; `bar`, when given, counts the episodes as they end and shows the success rate after each round. What
+    the trainer's evaluation and launch/eval.py play."""
     trajs: list[Trajectory] = []
     size = loop.fleet.size
     for start in range(0, len(specs), size):
         part = specs[start : start + size]
-        trajs += loop.run(part, [f"{uid_prefix}{start + i}" for i in range(len(part))], temperature, greedy=True)
+        trajs += loop.run(part, [f"{uid_prefix}{start + i}" for i in range(len(part))], temperature, greedy=True,
+                          bar=bar)
         if bar is not None:
-            bar.update(len(part))
             bar.set_postfix(success=f"{np.mean([t.success for t in trajs]):.2f}")
     return trajs

@@ -21,12 +21,15 @@ node (disaggregated mode) copies them into its reply.
 
 Faults: a process that dies, misses its deadline or raises is closed and replaced; its running episodes are reset
 to their initial states and reported as `Restarted` (the env loop starts them again), also for slots the trainer
-was still deciding on. After `max_failures` failures in a row of one process the worker raises `SimulatorError`
-naming the worker, process and tasks. Neither this module nor the sim workers import torch.
+was still deciding on. Each replacement travels back with the worker's reply, naming the worker, the process and the
+cause, and the fleet logs it as a warning in the trainer's process (the console and the run's log file, wherever the
+worker runs). After `max_failures` failures in a row of one process the worker raises `SimulatorError` naming the
+worker, process and tasks. Neither this module nor the sim workers import torch.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,6 +43,8 @@ from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
 from vla_scale.parallel.sim.process import SimProcess, SimulatorError
 from vla_scale.parallel.sim.shared_images import ImageReader, remove_orphans
 from vla_scale.parallel.sim.slot_batch import SlotBatch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,6 +69,7 @@ class WorkerReply:
     restarted: dict[int, Observation]
     busy_s: float  # simulator CPU seconds spent on this request
     restarts: int
+    replaced: list[str] = field(default_factory=list)  # one line per process replaced since the last reply
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,7 @@ class SimWorker:
         self.lost: dict[int, Observation] = {}  # slot -> initial observation after a restart, not yet reported
         self.orphaned = [0] * spec.sims  # requests lost with a replaced process, still to be answered
         self.failures = [0] * spec.sims
+        self.replaced: list[str] = []  # replacements not yet reported (`WorkerReply.replaced`)
         self.requests: queue.Queue[tuple[str, np.ndarray]] = queue.Queue()
         self.lock = threading.Lock()
         self.closed = False
@@ -156,8 +163,9 @@ class SimWorker:
             if not skip:
                 before = proc.busy_s
                 try:
-                    if proc.broken or not proc.pending:
-                        raise SimulatorError(f"simulator pid={proc.pid} env={self.env_name!r}: process is broken")
+                    if proc.broken or not proc.pending:  # its send failed: the cause is the send's
+                        raise SimulatorError(proc.failure or f"simulator pid={proc.pid} env={self.env_name!r}: "
+                                             "process is broken")
                     part = proc.recv_batch(self.timeout_s, copy_images)
                     self.failures[k] = 0
                     busy += proc.busy_s - before
@@ -172,7 +180,8 @@ class SimWorker:
                 for k, part in enumerate(parts):
                     self.running[k * self.slots + part.index[part.done]] = False
             restarted = {int(j): self.lost.pop(int(j)) for j in np.flatnonzero(mask) if int(j) in self.lost}
-        return WorkerReply(parts, restarted, busy, restarts)
+            replaced, self.replaced = self.replaced, []
+        return WorkerReply(parts, restarted, busy, restarts, replaced)
 
     def _replace(self, k: int, err: SimulatorError) -> None:
         """Start a fresh process for slots of process k and reset its running episodes to their initial states."""
@@ -189,6 +198,7 @@ class SimWorker:
                 )
             self.procs[k].close()
             self.procs[k] = self._spawn()
+            self.replaced.append(self._report(k, err, len(tasks)))
             mask = self.running[part].copy()
             if not mask.any():
                 return
@@ -202,6 +212,14 @@ class SimWorker:
                 self.lost[part.start + int(local)] = observations[local]
             return
 
+    def _report(self, k: int, err: SimulatorError, episodes: int) -> str:
+        """The line that says process k was replaced, why (the error names the old process's pid), and what it
+        costs."""
+        return (f"sim worker {self.index} process {k} ({self.env_name}) replaced by pid "
+                f"{self.procs[k].pid}: {failure_cause(err)}; its {episodes} running episode(s) start again from their "
+                f"initial states ({self.failures[k]} failure(s) in a row; parallel.max_failures={self.max_failures} "
+                "stop the run)")
+
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
@@ -213,6 +231,15 @@ class SimWorker:
             self.closed = True
             for proc in self.procs:
                 proc.close()
+
+
+def failure_cause(err: Exception) -> str:
+    """`err`'s message on one line: a child's traceback shortened to its last line (the exception raised)."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    traceback = next((i for i, line in enumerate(lines) if line.startswith("Traceback")), None)
+    if traceback is not None:
+        lines = [*lines[:traceback], lines[-1]]
+    return " ".join(lines)
 
 
 @dataclass
@@ -370,6 +397,8 @@ class SimFleet:
         for i, reply in enumerate(self.workers.replies(handles)):
             self.stats.busy_s += reply.busy_s
             self.stats.restarts += reply.restarts
+            for line in reply.replaced:
+                log.warning(line)
             part: list[SlotResult] = []
             for reader, batch in zip(self.readers[i], reply.parts, strict=True):
                 part.extend(reader.take(batch).unpack())

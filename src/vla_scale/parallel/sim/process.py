@@ -186,6 +186,7 @@ class SimProcess:
         self.boot_timeout_s = boot_timeout_s
         self.busy_s = 0.0
         self.broken = False
+        self.failure: str | None = None  # what broke it (a later call's error names it)
         self._closed = False
         _open.add(self)
 
@@ -202,7 +203,8 @@ class SimProcess:
     def _fail(self, call: str | None, why: str) -> SimulatorError:
         self.broken = True
         self._pending.clear()
-        return SimulatorError(f"{self._describe(call)}: {why}")
+        self.failure = f"{self._describe(call)}: {why}"
+        return SimulatorError(self.failure)
 
     def _send(self, call: str, message: tuple) -> None:
         if self._closed or self.broken:
