@@ -50,6 +50,7 @@ from vla_scale.parallel.ranks import mean_over_ranks, sum_over_ranks
 from vla_scale.parallel.sim.cluster import start_ray
 from vla_scale.parallel.sim.fleet import SimFleet, SimNodeLost
 from vla_scale.parallel.sync.weight_sync import SyncReport, sync_weights
+from vla_scale.process_memory import fleet_memory, rss_bytes
 from vla_scale.rollout.ahead import RolloutAhead
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop, LoopStats, success_metrics
@@ -394,6 +395,7 @@ class Trainer:
             "sync/mib": report.bytes / 2**20,
             **{f"train/{k}": v for k, v in (result.metrics() if result else {"skipped_update": 1.0}).items()},
             **self.loop.stats.metrics(self.fleet.num_procs),
+            **fleet_memory(rss_bytes(), self.fleet.rss()),
         }
         self.loop.stats = LoopStats()
         return metrics

@@ -90,6 +90,9 @@ def test_a_multirun_sweep_gives_each_job_its_run_directory_and_every_promised_sc
         first = [per_task[f"train/task_{k}_success_rate"][1] for k in (0, 1)]
         assert np.isclose(np.mean(first), dict(scalars["train/success_rate"])[1])
         assert [v for _, v in scalars["sync/version"]] == [1, 2]
+        # each step's resident memory: the trainer's, and its simulator processes' largest and total
+        for tag in ("memory/trainer_rss_gib", "memory/sim_rss_gib_max", "memory/sim_rss_gib_sum"):
+            assert [s for s, _ in scalars[tag]] == [1, 2] and all(0.01 < v < 20 for _, v in scalars[tag]), tag
         # the rollout <-> actor mismatch before each update: CPU float32 computes the same function on both sides
         for tag in ("train/mismatch_abs_log_ratio", "train/mismatch_approx_kl", "train/mismatch_outside_clip"):
             assert [s for s, _ in scalars[tag]] == [1, 2] and all(abs(v) < 1e-5 for _, v in scalars[tag]), tag

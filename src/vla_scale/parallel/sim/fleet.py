@@ -43,6 +43,7 @@ from vla_scale.envs.types import ChunkStep, Observation, TaskSpec
 from vla_scale.parallel.sim.process import SimProcess, SimulatorError
 from vla_scale.parallel.sim.shared_images import ImageReader, remove_orphans
 from vla_scale.parallel.sim.slot_batch import SlotBatch
+from vla_scale.process_memory import rss_bytes
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +226,10 @@ class SimWorker:
 
     def pids(self) -> list[int]:
         return [proc.pid for proc in self.procs]
+
+    def rss(self) -> list[int]:
+        """The resident set of each of its simulator processes in bytes, read on the node they run on."""
+        return [rss_bytes(pid) for pid in self.pids()]
 
     def close(self) -> None:
         with self.lock:
@@ -411,6 +416,10 @@ class SimFleet:
     def pids(self) -> list[int]:
         """Process ids of the simulator processes."""
         return [pid for part in self.workers.each("pids") for pid in part]
+
+    def rss(self) -> list[int]:
+        """The resident set of every simulator process in bytes (`SimWorker.rss`)."""
+        return [size for part in self.workers.each("rss") for size in part]
 
     def close(self) -> None:
         try:
