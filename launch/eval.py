@@ -55,7 +55,7 @@ from vla_scale.config import (  # noqa: E402
     to_config,
     validate,
 )
-from vla_scale.launcher import hydra_argv  # noqa: E402
+from vla_scale.launcher import copy_console_to, hydra_argv, run_log_path  # noqa: E402
 
 register_configs()
 if moved := moved_key_error(sys.argv[1:]):
@@ -258,6 +258,7 @@ def main(dict_cfg: DictConfig) -> float:
         if problems := record_problems(cfg.record):
             raise ConfigError(problems[0])
         os.makedirs(run_dir, exist_ok=True)
+        copy_console_to(run_log_path(run_dir))  # eval.log holds what the console shows
         return evaluate(cfg, run_dir, explicit_keys(HydraConfig.get().overrides.task))
     except ConfigError as err:
         sys.exit(f"error: {err}")

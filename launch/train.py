@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import warnings
@@ -53,7 +54,9 @@ def main(dict_cfg: DictConfig) -> float:
     trainer, metrics = ran
     if trainer.rank == 0:
         print(f"run directory: {run_dir}")
-        print("train: steps={} eval_success_rate={:.3f}".format(cfg.steps, metrics["eval/success_rate"]), flush=True)
+        rate = metrics["eval/success_rate"]
+        shown = "-" if math.isnan(rate) else f"{rate:.3f}"  # eval_every=0: no evaluation ran
+        print(f"train: steps={cfg.steps} eval_success_rate={shown}", flush=True)
     return metrics["eval/success_rate"]
 
 

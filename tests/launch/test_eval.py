@@ -42,7 +42,10 @@ def test_smoke_run_writes_tables_videos_and_the_last_line(tmp_path: Path) -> Non
     proc = run_eval(f"run_dir={tmp_path}")
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("eval: suite=reach episodes=6 success_rate="), last
-    rate = float(last.rsplit("=", 1)[1])
+    rate = float(last.split(" success_rate=")[1].split()[0])
+    error = float(last.split(" stderr=")[1].split()[0])
+    assert abs(error - (rate * (1 - rate) / 6) ** 0.5) < 1e-3  # the binomial standard error of 6 episodes
+    assert (tmp_path / "eval.log").read_text().strip().splitlines()[-1] == last  # the console, kept in the log
     assert "a fresh model=tiny (smoke run)" in proc.stdout
     with open(tmp_path / "eval_reach.csv") as f:
         rows = list(csv.reader(f))
