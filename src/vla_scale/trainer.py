@@ -50,7 +50,7 @@ from vla_scale.parallel.ranks import mean_over_ranks, sum_over_ranks
 from vla_scale.parallel.sim.cluster import start_ray
 from vla_scale.parallel.sim.fleet import SimFleet, SimNodeLost
 from vla_scale.parallel.sync.weight_sync import SyncReport, sync_weights
-from vla_scale.process_memory import fleet_memory, rss_bytes
+from vla_scale.process_memory import fleet_memory, release_freed, rss_bytes
 from vla_scale.rollout.ahead import RolloutAhead
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.rollout.env_loop import EnvLoop, LoopStats, success_metrics
@@ -378,6 +378,7 @@ class Trainer:
         with timer("sync"):
             report = self.sync(self.version + 1)
         self.step += 1
+        release_freed()  # the step's freed arrays back to the system before its memory is read
         metrics = {
             "train/staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
             "train/staleness_max": float(max(staleness, default=0)),
