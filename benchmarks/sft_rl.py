@@ -84,6 +84,8 @@ class Recipe:
     """Held-out init states per task of the evaluations (env.num_eval_init_states; 0: the env config's)."""
     algo_rl: dict[str, list[str]] = field(default_factory=dict)
     family_rl: dict[str, list[str]] = field(default_factory=dict)
+    rl_env: list[str] = field(default_factory=list)
+    """The RL run's own env overrides (left out of a dry run, whose env is the toy one)."""
     dry_run: list[str] = field(default_factory=list)
 
 
@@ -94,10 +96,11 @@ RECIPES = {
         dry_run=["env.num_eval_init_states=1", "env.max_steps=8"]),
     "metaworld_mt10": Recipe(
         task=["env=metaworld_mt10", "env.camera_resolution=64"], demo=[],
-        policies=METAWORLD_POLICIES, demos=200, first_steps=0, sft_steps=2000, sft_lr=1e-3, rl_steps=20,
+        policies=METAWORLD_POLICIES, demos=200, first_steps=0, sft_steps=2000, sft_lr=1e-3, rl_steps=30,
         eval_states=50,
         algo_rl={"grpo": ["algo.batch_size=10"], "ppo": ["algo.batch_size=80"]},
-        family_rl={"pi0": ["model.pi0.noise_level=1.0"]},
+        family_rl={"oft": ["algo.lr=3e-4"], "pi0": ["model.pi0.rl_noise=flow_noise"]},
+        rl_env=["env.max_steps=200"],
         dry_run=["env.num_tasks=2", "env.num_eval_init_states=1", "env.max_steps=60", "env.camera_resolution=32"]),
 }
 """The recipes docs/performance.md's tables were measured with. pick_place: one noise-free demonstration per task
@@ -207,7 +210,8 @@ def pipeline(args: argparse.Namespace, seed: int) -> dict:
 def rl_overrides(args: argparse.Namespace, recipe: Recipe) -> list[str]:
     """launch/train.py's overrides of the RL run (after the task's): the algorithm's, the recipe's for it and for the
     family, `--rl-args`; toy sizes in a dry run."""
-    rl = [*RL[args.algo], *recipe.algo_rl.get(args.algo, []), *recipe.family_rl.get(args.family, []), *args.rl_args]
+    rl = [*RL[args.algo], *recipe.algo_rl.get(args.algo, []), *recipe.family_rl.get(args.family, []),
+          *([] if args.dry_run else recipe.rl_env), *args.rl_args]
     if args.dry_run:
         rl += ["algo.batch_size=2", "algo.group_size=2", "algo.mini_batches=1", "algo.critic.warmup_steps=0"]
     return rl
