@@ -450,7 +450,7 @@ def timed_step(trainer, way: str) -> dict[str, float]:
     m.setdefault("time/rollout_wait_s", 0.0)
     m.setdefault("rollout/ahead_urgent", 0.0)
     m["rollout_wall_s"] = m["time/rollout_s"] + m["time/rollout_ahead_s"]  # the rollout played during this step
-    phases = [v for k, v in m.items() if k.startswith("memory/")]
+    phases = [v for k, v in m.items() if k.startswith("memory/") and k.endswith("_peak_gib")]  # device peaks
     m["peak_gib"] = max(phases) if phases else peak_gib(device)
     for phase in ("rollout", "update", "sync"):
         m.setdefault(f"memory/{phase}_peak_gib", float("nan"))

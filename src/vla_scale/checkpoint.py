@@ -175,14 +175,15 @@ def publish(run_dir: str, partial: str, tag: str) -> None:
 
 def write_checkpoint(run_dir: str, step: int, actor: Actor, vla: PolicySource, state: dict[str, Any],
                      groups: dict[str, Any], bucket_mb: float, lora: Any,
-                     on_device: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
+                     on_device: Callable[[], AbstractContextManager[None]] = nullcontext, env: Any = None) -> None:
     """Step `step`'s checkpoint, the same for the RL and the supervised run: DeepSpeed's files, this rank's `state`,
     the run's config `groups` (`write_run_config`), the policy as a checkpoint folder (and a LoRA policy's adapters
     alone), written into `step_<k>.partial` and renamed to `step_<k>` only when every rank has written its part, then
     named by `latest`: a run killed at any point leaves `latest` naming a complete checkpoint. A write that fails (a
     full disk, a file-size limit) removes the partial folder and raises `CheckpointWriteError` naming the path and
     the bytes needed; the previous checkpoint stays latest. `on_device`: where the optimizer state must be while
-    DeepSpeed saves it. Every rank calls it."""
+    DeepSpeed saves it. `env`: the env config the policy trained on, kept beside the groups (what an evaluation
+    renders it at: `run_setup.trained_resolution`; a resume does not compare it). Every rank calls it."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     tag, root = f"step_{step}", checkpoint_root(run_dir)
     partial = partial_tag(tag)
@@ -198,7 +199,7 @@ def write_checkpoint(run_dir: str, step: int, actor: Actor, vla: PolicySource, s
             actor.save(root, partial, {"step": step})
         write_trainer_state(folder, rank, state)
         if rank == 0:
-            write_run_config(folder, groups, world)
+            write_run_config(folder, groups, world, env)
         tensors = gathered_weights(actor.policy, bucket_mb, rank == 0)
         if rank == 0:  # the policy's family writes its own layout (`models/interface.PolicySource`)
             vla.write_folder(actor.policy, tensors, folder)
@@ -274,13 +275,18 @@ def mark_latest(run_dir: str, tag: str) -> None:
 
 
 RUN_CONFIG = "run_config.json"
+TRAINED_ENV = "trained_env"
+"""The key of run_config.json holding the env config the policy trained on."""
 """Beside each checkpoint's trainer state: the config groups it was trained with (the RL run's `model` and `algo`,
 supervised fine-tuning's `model` and `sft`) and its number of ranks."""
 
 
-def write_run_config(directory: str, groups: dict[str, Any], ranks: int) -> None:
-    """What a resumed run must match (`resume_problems`): each config group (name -> dataclass) as plain JSON."""
+def write_run_config(directory: str, groups: dict[str, Any], ranks: int, env: Any = None) -> None:
+    """What a resumed run must match (`resume_problems`): each config group (name -> dataclass) as plain JSON; and
+    the env trained on (`env`, under its own key) for what reads the checkpoint later."""
     data = {**{name: dataclasses.asdict(group) for name, group in groups.items()}, "ranks": ranks}
+    if env is not None:
+        data[TRAINED_ENV] = dataclasses.asdict(env)
     with open(os.path.join(directory, RUN_CONFIG), "w") as f:
         json.dump(data, f, indent=1)
 

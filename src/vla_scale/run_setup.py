@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from vla_scale.algo.registry import algorithm_class
-from vla_scale.checkpoint import RUN_CONFIG
+from vla_scale.checkpoint import RUN_CONFIG, TRAINED_ENV
 from vla_scale.config import Config, ConfigError
 from vla_scale.models.checkpoint_io import step_folder
 from vla_scale.models.critic import value_head_problems
@@ -55,7 +55,7 @@ def trained_resolution(checkpoint: str, env_name: str) -> int:
     of this project, or trained on another env)."""
     try:
         with open(os.path.join(step_folder(checkpoint), RUN_CONFIG)) as f:
-            env = json.load(f).get("env", {})
+            env = json.load(f).get(TRAINED_ENV, {})
     except (OSError, ValueError, AttributeError):
         return 0
     return int(env.get("camera_resolution", 0)) if env.get("name") == env_name else 0

@@ -526,7 +526,7 @@ class Trainer:
         the weights of the same step (default: the state now)."""
         checkpoint.write_checkpoint(self.run_dir, self.step, self.actor, self.vla, state or self.resume_state(),
                                     self.run_groups(), self.cfg.sync.bucket_mb, self.cfg.model.lora,
-                                    on_device=self.memory.optimizer_on_device)
+                                    on_device=self.memory.optimizer_on_device, env=self.cfg.env)
 
     def load_latest(self) -> None:
         tag = checkpoint.latest_tag(self.run_dir)

@@ -184,7 +184,7 @@ class SupervisedTrainer:
     def save(self) -> None:
         state = {"step": self.step, "generator": self.generator.bit_generator.state, "rng": checkpoint.rng_state()}
         checkpoint.write_checkpoint(self.run_dir, self.step, self.actor, self.vla, state, self.run_groups(),
-                                    self.cfg.sync.bucket_mb, self.cfg.model.lora)
+                                    self.cfg.sync.bucket_mb, self.cfg.model.lora, env=self.cfg.env)
 
     def load_latest(self) -> None:
         tag = checkpoint.latest_tag(self.run_dir)
