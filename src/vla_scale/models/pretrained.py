@@ -351,9 +351,12 @@ class PretrainedVLA:
                             f"{face.action_dim}-d ones: use a model for this env (model.action_dim)")
         state = face.state_size(env.simulator_kwargs())
         if spec.proprio_dim and spec.use_proprio and spec.proprio_dim != state:
-            problems.append(face.state_problem(spec.proprio_dim, env.simulator_kwargs(), "the policy's proprio "
-                                               "projector takes") + f" (a fresh policy: model.proprio_dim={state}, "
-                            "e.g. model=tiny_libero for LIBERO, or model.use_proprio=false)")
+            problem = face.state_problem(spec.proprio_dim, env.simulator_kwargs(),
+                                         "the policy's proprio projector takes")
+            if not (face.observation_hint and face.observation_hint(spec.proprio_dim)):  # no setting gives its size
+                problem += f" (a fresh policy: model.proprio_dim={state}, e.g. model=tiny_libero for LIBERO, or " \
+                           "model.use_proprio=false)"
+            problems.append(problem)
         return problems
 
     def describe(self, env: EnvKeys | None = None) -> str:
