@@ -18,7 +18,7 @@ median of several after warm-up. Printed:
 4. where the fast path's time goes at B=64: stage times, GPU kernel time by kind (torch.profiler), and the SDPA
    backends on one Llama layer's attention.
 
-With `--fp8`, an engine with `precision="fp8"` on the same weights (`models/fp8.py`) beside it: the FP8 matmul
+With `--fp8`, an engine with `precision="fp8"` on the same weights (`models/oft/fp8.py`) beside it: the FP8 matmul
 rate at the Llama GEMM shapes, the time to quantise the weights after a sync, its logits against the bf16 fast path's
 (|delta| mean, 99th percentile, max; relative to the fp32 path), greedy agreement with bf16 overall and where bf16's
 top-two logit gap exceeds twice the FP8 logit error (its root mean square over every logit), and per batch size its
@@ -47,12 +47,12 @@ import torch
 from omegaconf import OmegaConf
 
 from vla_scale.config import ModelConfig
-from vla_scale.models import OFTPolicy, Processor
 from vla_scale.models.fp8 import fp8_problem
+from vla_scale.models.oft import OFTPolicy, Processor
 from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.models.oft.policy import FusedRMSNorm
-from vla_scale.models.processor import PolicyInputs
-from vla_scale.models.vision import ViT
+from vla_scale.models.oft.processor import PolicyInputs
+from vla_scale.models.oft.vision import ViT
 from vla_scale.objectives import logprobs_from_logits
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import fresh_vla

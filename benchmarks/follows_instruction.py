@@ -63,8 +63,8 @@ def main() -> None:
         p.error("name a RUN or give --demonstrator, not both")
     vla = None
     if args.run:
-        from vla_scale.models import PretrainedVLA
-        from vla_scale.models.checkpoint_io import step_folder
+        from vla_scale.models.checkpoint_folders import step_folder
+        from vla_scale.models.oft import PretrainedVLA
 
         vla = PretrainedVLA.from_pretrained(step_folder(args.run), env="pick_place")
     size = vla.spec.towers[0].image_size if vla is not None else 64

@@ -27,7 +27,7 @@ import torch
 from omegaconf import OmegaConf
 
 from vla_scale.config import ModelConfig
-from vla_scale.models import PretrainedVLA
+from vla_scale.models.oft import PretrainedVLA
 from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.objectives import logprob_mismatch, logprobs_from_logits, truncated_is_weights
 from vla_scale.rollout.engine import RolloutEngine

@@ -41,7 +41,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from vla_scale.models.processor import ImageTransform
+    from vla_scale.models.oft.processor import ImageTransform
 
     rng = np.random.default_rng(0)
     frames = rng.integers(0, 256, (args.batch, args.side, args.side, 3), dtype=np.uint8)

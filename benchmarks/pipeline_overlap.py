@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from vla_scale.config import ModelConfig  # noqa: E402
 from vla_scale.envs.reach import instructions  # noqa: E402
 from vla_scale.envs.types import TaskSpec  # noqa: E402
-from vla_scale.models import PretrainedVLA  # noqa: E402
+from vla_scale.models.oft import PretrainedVLA  # noqa: E402
 from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.parallel.sim.cluster import start_ray  # noqa: E402
 from vla_scale.parallel.sim.fleet import LocalWorkers, SimFleet  # noqa: E402

@@ -89,7 +89,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from vla_scale.batches import Sample, policy_inputs  # noqa: E402
 from vla_scale.config import Config, ConfigError, register_configs, to_config, validate  # noqa: E402
-from vla_scale.models.processor import PolicyInputs  # noqa: E402
+from vla_scale.models.oft.processor import PolicyInputs  # noqa: E402
 from vla_scale.rollout.engine import Decoded, RolloutEngine  # noqa: E402
 from vla_scale.rollout.env_loop import EnvLoop  # noqa: E402
 from vla_scale.rollout.stack import start_fleet  # noqa: E402

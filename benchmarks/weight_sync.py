@@ -40,7 +40,7 @@ from omegaconf import OmegaConf
 
 from vla_scale.batches import MicroBatch, MiniBatch, RowIndex, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
-from vla_scale.models import PretrainedVLA
+from vla_scale.models.oft import PretrainedVLA
 from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import gathered_buckets, sync_weights

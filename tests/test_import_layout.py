@@ -140,4 +140,4 @@ def test_the_model_layer_imports_nothing_of_the_run_configuration():
     reaching_up = {name: sorted(m for m in deps if m.split(".")[:2] == ["vla_scale", "config"] or m in above)
                    for name, deps in graph.items() if name.startswith("vla_scale.models")}
     assert {name: deps for name, deps in reaching_up.items() if deps} == {}
-    assert "vla_scale.models.spec" in graph["vla_scale.run_policy"]
+    assert "vla_scale.models.oft.spec" in graph["vla_scale.run_policy"]

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import numpy as np
 import torch
 
-from vla_scale.models.processor import PreparedInputs
+from vla_scale.models.oft.processor import PreparedInputs
 from vla_scale.objectives import group_success_filter, loss_normaliser, token_weights
 
 if TYPE_CHECKING:
     from vla_scale.envs.types import TaskSpec
-    from vla_scale.models.processor import Processor
+    from vla_scale.models.oft.processor import Processor
 
 MeanOverRanks = Callable[[float], float]
 """A value's mean over the ranks of the run (the identity on one rank)."""

@@ -2,7 +2,7 @@
 
 Layout: `<run_dir>/checkpoints/step_<k>/` holds DeepSpeed's files, one `trainer_state_rank<r>.json` per rank (step,
 policy version, sampler, rollout and RNG states, the next step's task specs), written as plain JSON: a checkpoint is
-data, never code, and the policy as a checkpoint folder of its own (`models/checkpoint_io.py`'s official layout:
+data, never code, and the policy as a checkpoint folder of its own (`models/oft/checkpoint_io.py`'s official layout:
 config.json, model.safetensors, the proprio projector's side file, statistics, preprocessor config, tokenizer files),
 so `model.checkpoint=<step folder>` (or `=<run_dir>`) loads it like any OpenVLA-OFT folder.
 `<run_dir>/checkpoints/latest` names the newest complete step.
@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 from vla_scale.envs.types import TaskSpec
-from vla_scale.models.checkpoint_io import LATEST, RUN_CHECKPOINTS, write_folder
+from vla_scale.models.checkpoint_folders import LATEST, RUN_CHECKPOINTS
+from vla_scale.models.oft.checkpoint_io import write_folder
 from vla_scale.parallel.ranks import mean_over_ranks
 from vla_scale.parallel.sync.weight_sync import gathered_buckets
 

@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Any
 from vla_scale.config import ConfigError, EnvConfig, ModelConfig
 from vla_scale.config.schema import Pi0ModelConfig
 from vla_scale.envs.registry import simulator
-from vla_scale.models.checkpoint_io import step_folder
+from vla_scale.models.checkpoint_folders import step_folder
 from vla_scale.models.kernels import kernels_problem
+from vla_scale.models.oft.pretrained import CheckpointError, PretrainedVLA
+from vla_scale.models.oft.spec import LLAMA_DEFAULTS, VISION_BACKBONES, OFTSpec, check_spec, llm_kwargs, timm_ids
+from vla_scale.models.oft.vision import HALF_MEAN_STD, ViTSpec, timm_vit_spec
 from vla_scale.models.pi0.source import Pi0Source
 from vla_scale.models.pi0.spec import PRESETS as PI0_PRESETS
 from vla_scale.models.pi0.spec import Pi0Spec
 from vla_scale.models.pi0.spec import check_spec as check_pi0_spec
-from vla_scale.models.pretrained import CheckpointError, PretrainedVLA
-from vla_scale.models.spec import LLAMA_DEFAULTS, VISION_BACKBONES, OFTSpec, check_spec, llm_kwargs, timm_ids
 from vla_scale.models.tokenizer import TextTokenizer, WordTokenizer
-from vla_scale.models.vision import HALF_MEAN_STD, ViTSpec, timm_vit_spec
 
 if TYPE_CHECKING:  # the policy module imports transformers' Llama: only what builds weights needs it
     from vla_scale.models.oft.policy import OFTPolicy

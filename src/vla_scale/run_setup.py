@@ -17,7 +17,7 @@ import torch.distributed as dist
 from vla_scale.algo.registry import algorithm_class
 from vla_scale.checkpoint import RUN_CONFIG, TRAINED_ENV
 from vla_scale.config import Config, ConfigError
-from vla_scale.models.checkpoint_io import step_folder
+from vla_scale.models.checkpoint_folders import step_folder
 from vla_scale.models.critic import value_head_problems
 from vla_scale.models.interface import PolicySource
 from vla_scale.parallel.sim.cluster import ray_address_problem

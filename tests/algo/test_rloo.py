@@ -14,7 +14,8 @@ from vla_scale.batches import Trajectory
 from vla_scale.config import AlgoConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import TaskSpec
-from vla_scale.models import Processor, WordTokenizer
+from vla_scale.models.oft import Processor
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.run_policy import spec_from_model_config
 
 

@@ -89,8 +89,8 @@ def test_bad_checkpoint_inputs_fail_before_any_simulator_starts(tmp_path: Path) 
 
 
 def test_a_folder_without_tokenizer_files_is_refused(tmp_path: Path) -> None:
-    from vla_scale.models import PretrainedVLA
-    from vla_scale.models.pretrained import CheckpointError
+    from vla_scale.models.oft import PretrainedVLA
+    from vla_scale.models.oft.pretrained import CheckpointError
 
     folder = tmp_path / "no_tokenizer"
     folder.mkdir()

@@ -115,7 +115,7 @@ def test_two_ranks_under_the_deepspeed_launcher_share_one_run(tmp_path):
     # DeepSpeed's own conversion of the 2-way sharded checkpoint gives exactly the weights we export
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    from vla_scale.models.checkpoint_io import iter_tensors
+    from vla_scale.models.oft.checkpoint_io import iter_tensors
 
     converted = get_fp32_state_dict_from_zero_checkpoint(str(runs[0] / "checkpoints"), tag="step_2")
     exported = dict(iter_tensors(str(step)))  # the step folder's weights and proprio projector

@@ -13,9 +13,9 @@ import torch
 
 from vla_scale.config import LoraConfig, ModelConfig
 from vla_scale.envs.reach import instructions
-from vla_scale.models import PretrainedVLA
+from vla_scale.models.oft import PretrainedVLA
 from vla_scale.models.oft.decode import OFTDecoder
-from vla_scale.models.pretrained import CheckpointError, folder_action_head
+from vla_scale.models.oft.pretrained import CheckpointError, folder_action_head
 from vla_scale.objectives import gaussian_entropy, gaussian_logprobs
 from vla_scale.run_policy import fresh_vla
 
@@ -158,7 +158,7 @@ def test_the_policy_line_names_the_head():
 
 
 def test_the_policy_class_alone_reads_the_folders_head(tmp_path):
-    from vla_scale.models import OFTPolicy
+    from vla_scale.models.oft import OFTPolicy
 
     l1_vla().save_pretrained(str(tmp_path))
     policy = OFTPolicy.from_pretrained(str(tmp_path))

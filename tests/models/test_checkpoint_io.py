@@ -12,9 +12,10 @@ from safetensors import safe_open
 
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
-from vla_scale.models import OFTPolicy, Processor, WordTokenizer
-from vla_scale.models.checkpoint_io import weight_files
-from vla_scale.models.spec import openvla_config, spec_from_openvla
+from vla_scale.models.oft import OFTPolicy, Processor
+from vla_scale.models.oft.checkpoint_io import weight_files
+from vla_scale.models.oft.spec import openvla_config, spec_from_openvla
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.run_policy import build_policy, fresh_vla, resolved_model_config, spec_from_model_config, vla_for_env
 
 FIXTURE = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "oft_official_tiny"
@@ -171,7 +172,7 @@ def test_loads_into_zero3_shards(tmp_path):
 
 def test_a_run_directory_stands_for_its_latest_step_folder(tmp_path):
     from vla_scale import checkpoint
-    from vla_scale.models.checkpoint_io import step_folder
+    from vla_scale.models.checkpoint_folders import step_folder
 
     run = tmp_path / "run"
     assert step_folder(str(tmp_path)) == str(tmp_path)  # not a run: the folder itself
@@ -186,7 +187,7 @@ def test_a_policy_folder_written_from_gathered_tensors_loads_as_the_policy(tmp_p
     """What a training step folder holds (`checkpoint.save_policy_folder`): the named tensors as the sync gathers
     them, written in the official layout with the tokenizer, read back to the same weights and prompts."""
     from vla_scale import checkpoint
-    from vla_scale.models import PretrainedVLA
+    from vla_scale.models.oft import PretrainedVLA
 
     torch.manual_seed(0)
     vla = fresh_vla(ModelConfig(), instructions())
@@ -201,8 +202,8 @@ def test_a_policy_folder_written_from_gathered_tensors_loads_as_the_policy(tmp_p
 
 
 def test_a_folder_with_several_problems_names_them_all_at_once(tmp_path):
-    from vla_scale.models import PretrainedVLA
-    from vla_scale.models.pretrained import CheckpointError
+    from vla_scale.models.oft import PretrainedVLA
+    from vla_scale.models.oft.pretrained import CheckpointError
 
     OFTPolicy(spec_from_openvla(official_config(), proprio_dim=8)).save_pretrained(str(tmp_path))  # no tokenizer
     with pytest.raises(CheckpointError) as refused:

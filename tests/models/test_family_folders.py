@@ -72,8 +72,8 @@ def test_every_family_is_registered_with_its_folder_and_a_model_config(family: s
     from vla_scale.run_policy import FAMILIES
 
     assert set(POLICY_FAMILIES) == set(FAMILIES) == {"oft", "pi0"}
+    from vla_scale.models.oft.pretrained import PretrainedVLA
     from vla_scale.models.pi0.source import Pi0Source
-    from vla_scale.models.pretrained import PretrainedVLA
 
     source = {"oft": PretrainedVLA, "pi0": Pi0Source}[family]
     for member in (source.chunk_decoder, source.chunk_scorer):  # the family's own, from its folder

@@ -10,10 +10,11 @@ import torch
 from vla_scale.config import LoraConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
-from vla_scale.models import OFTPolicy, PretrainedVLA, Processor, WordTokenizer
 from vla_scale.models.lora import add_adapters
-from vla_scale.models.pretrained import CheckpointError
-from vla_scale.models.vision import Block, ViTSpec
+from vla_scale.models.oft import OFTPolicy, PretrainedVLA, Processor
+from vla_scale.models.oft.pretrained import CheckpointError
+from vla_scale.models.oft.vision import Block, ViTSpec
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.run_policy import build_policy, fresh_vla, model_config_from_spec
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=2, num_heads=2,

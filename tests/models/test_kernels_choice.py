@@ -18,9 +18,9 @@ from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
 from vla_scale.models.kernels import KERNELS, kernels_problem, use_kernels
 from vla_scale.models.oft.policy import OFTPolicy
+from vla_scale.models.oft.statistics import dataset_statistics
 from vla_scale.models.pi0.policy import Pi0Inputs, Pi0Policy
 from vla_scale.models.pi0.spec import tiny_spec
-from vla_scale.models.statistics import dataset_statistics
 from vla_scale.run_policy import vla_for_env
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=2, num_heads=2,

@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from vla_scale.envs.registry import simulator
-from vla_scale.models.action_heads import L1RegressionHead
-from vla_scale.models.actions import DatasetStats
-from vla_scale.models.checkpoint_io import load_action_head_state
+from vla_scale.models.oft.action_heads import L1RegressionHead
+from vla_scale.models.oft.actions import DatasetStats
+from vla_scale.models.oft.checkpoint_io import load_action_head_state
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "oft_l1_head"
@@ -107,7 +107,7 @@ def test_an_official_l1_folder_acts_as_the_official_pipeline(ref, tmp_path):
     """Checkpoint C with the official head file beside it, as an official L1 fine-tune's folder: the head decided by
     the folder, the raw observations through our whole pipeline, the official env actions of every chunk."""
     from vla_scale.envs.types import Observation
-    from vla_scale.models import PretrainedVLA
+    from vla_scale.models.oft import PretrainedVLA
 
     folder = tmp_path / "checkpoint"
     shutil.copytree(SHARED / "checkpoint", folder)

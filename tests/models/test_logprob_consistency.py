@@ -15,8 +15,9 @@ import torch
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
-from vla_scale.models import PretrainedVLA, Processor, WordTokenizer
+from vla_scale.models.oft import PretrainedVLA, Processor
 from vla_scale.models.oft.decode import OFTDecoder
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.objectives import logprobs_from_logits
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import build_policy, fresh_vla

@@ -10,7 +10,6 @@ import torch
 from vla_scale.batches import MicroBatch, MiniBatch, RowIndex, UpdatePlan
 from vla_scale.config import AlgoConfig, ConfigError, DeepSpeedConfig, EnvConfig, LoraConfig, ModelConfig, validate
 from vla_scale.envs.reach import instructions
-from vla_scale.models import Processor, WordTokenizer
 from vla_scale.models.lora import (
     ADAPTER_CONFIG,
     LoRALinear,
@@ -21,7 +20,9 @@ from vla_scale.models.lora import (
     served,
     write_adapters,
 )
+from vla_scale.models.oft import Processor
 from vla_scale.models.oft.decode import OFTDecoder, OFTScorer
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine

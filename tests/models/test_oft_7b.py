@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 
 from vla_scale.config import register_configs, to_config
 from vla_scale.envs.reach import instructions
-from vla_scale.models import WordTokenizer
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.run_policy import build_policy
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

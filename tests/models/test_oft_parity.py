@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from vla_scale.models import OFTPolicy
+from vla_scale.models.oft import OFTPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(os.environ.get("VLA_SCALE_OFT_FIXTURE", ROOT.parent / "shared" / "fixtures" / "oft_official_tiny"))

@@ -8,7 +8,7 @@ from vla_scale.config import ConfigError, EnvConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.registry import make_env
 from vla_scale.envs.types import TaskSpec
-from vla_scale.models import PretrainedVLA
+from vla_scale.models.oft import PretrainedVLA
 from vla_scale.run_policy import fresh_vla, vla_for_env
 
 CFG = ModelConfig(image_size=32, patch_size=16, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,

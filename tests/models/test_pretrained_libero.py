@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from vla_scale.envs.types import Observation
-from vla_scale.models import PretrainedVLA
+from vla_scale.models.oft import PretrainedVLA
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(os.environ.get("VLA_SCALE_LIBERO_FIXTURE", ROOT.parent / "shared" / "fixtures" / "oft_libero_pipeline"))
@@ -112,7 +112,7 @@ def test_the_executed_env_actions_follow_from_the_official_decode(ref, vlas):
 
 
 def test_a_suite_without_statistics_needs_the_key_named(ref):
-    from vla_scale.models import CheckpointError
+    from vla_scale.models.oft import CheckpointError
 
     folder = str(FIXTURE / "checkpoint")
     with pytest.raises(CheckpointError, match="libero_goal.*model.unnorm_key"):

@@ -8,7 +8,8 @@ from vla_scale.config import ModelConfig
 from vla_scale.envs.official_images import centre_crop
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
-from vla_scale.models import ImageTransform, Processor, WordTokenizer
+from vla_scale.models.oft import ImageTransform, Processor
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.run_policy import spec_from_model_config
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from vla_scale.envs.reach import instructions
-from vla_scale.models import ActionTokenizer, DatasetStats, WordTokenizer
+from vla_scale.models.oft import ActionTokenizer, DatasetStats
+from vla_scale.models.tokenizer import WordTokenizer
 
 
 def test_word_tokenizer_knows_every_instruction_word_and_uses_llama_special_ids():

@@ -18,12 +18,13 @@ import torch
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
-from vla_scale.models import OFTPolicy, Processor, WordTokenizer
+from vla_scale.models.oft import OFTPolicy, Processor
 from vla_scale.models.oft.decode import OFTDecoder
 from vla_scale.models.oft.fast_forward import Packing, pack_index
-from vla_scale.models.processor import PolicyInputs
-from vla_scale.models.spec import spec_from_openvla
-from vla_scale.models.vision import ViTSpec
+from vla_scale.models.oft.processor import PolicyInputs
+from vla_scale.models.oft.spec import spec_from_openvla
+from vla_scale.models.oft.vision import ViTSpec
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import build_policy
 

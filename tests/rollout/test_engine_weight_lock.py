@@ -11,8 +11,9 @@ import torch
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
-from vla_scale.models import Processor, WordTokenizer
+from vla_scale.models.oft import Processor
 from vla_scale.models.oft.decode import OFTDecoder
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.parallel.sync.weight_sync import sync_weights
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import build_policy

@@ -1,4 +1,4 @@
-"""FP8 rollouts (`models/fp8.py`): the quantisation arithmetic, emulated on the CPU, and the engine's use of it.
+"""FP8 rollouts (`models/oft/fp8.py`): the quantisation arithmetic, emulated on the CPU, and the engine's use of it.
 
 Scales and saturation of the per-row quantisation, the emulated product against float32, an FP8 engine's logits
 against the bf16 fast path's, the order sync -> checksum of the exact weights -> quantisation, release and resume,
@@ -15,10 +15,8 @@ import pytest
 import torch
 
 from vla_scale.config import ConfigError, RolloutConfig
-from vla_scale.models import WordTokenizer
 from vla_scale.models.fp8 import (
     E4M3_MAX,
-    Fp8Weights,
     check_shape,
     dequantise,
     fp8_linear,
@@ -27,6 +25,8 @@ from vla_scale.models.fp8 import (
     quantise_weight,
 )
 from vla_scale.models.oft.decode import OFTDecoder
+from vla_scale.models.oft.fp8 import Fp8Weights
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import build_policy
 from vla_scale.tensors.checksum import weights_checksum

@@ -3,7 +3,7 @@ import pytest
 
 from vla_scale.config import EnvConfig, ModelConfig
 from vla_scale.datasets.episodes import Episode
-from vla_scale.models.actions import ActionTokenizer, DatasetStats
+from vla_scale.models.oft.actions import ActionTokenizer, DatasetStats
 from vla_scale.run_policy import vla_for_env
 from vla_scale.sft.examples import SupervisedExamples, chunk_targets
 from vla_scale.sft.statistics import dataset_statistics

@@ -5,8 +5,8 @@ import torch
 
 from vla_scale.config import ModelConfig
 from vla_scale.envs.reach import instructions
-from vla_scale.models import WordTokenizer
 from vla_scale.models.oft.decode import OFTDecoder
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.rollout.engine import RolloutEngine
 from vla_scale.run_policy import build_policy
 from vla_scale.tensors.spans import end_to_end, span

@@ -30,12 +30,12 @@ def choices() -> dict[str, tuple[Any, ...]]:
     from vla_scale.models.fp8 import PRECISIONS
     from vla_scale.models.interface import POLICY_FAMILIES
     from vla_scale.models.kernels import KERNELS
+    from vla_scale.models.oft.spec import ACTION_HEADS, ATTENTION_MODES, IMAGE_RESIZES
     from vla_scale.models.pi0.rollout import RL_NOISES as PI0_RL_NOISES
     from vla_scale.models.pi0.rollout import STOCHASTIC_STEPS as PI0_STOCHASTIC_STEPS
     from vla_scale.models.pi0.spec import NORM_CONVENTIONS as PI0_NORM_CONVENTIONS
     from vla_scale.models.pi0.spec import NORMALIZATIONS as PI0_NORMALIZATIONS
     from vla_scale.models.pi0.spec import PRESETS as PI0_PRESETS
-    from vla_scale.models.spec import ACTION_HEADS, ATTENTION_MODES, IMAGE_RESIZES
 
     return {
         "algo.name": algorithm_names(),

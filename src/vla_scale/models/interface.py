@@ -1,6 +1,6 @@
 """One policy interface, two families: what the supervised trainer and the actor ask of a policy.
 
-A family (OpenVLA-OFT: `models/pretrained.PretrainedVLA`; π0 / π0.5: `models/pi0/source.Pi0Source`) hands out a
+A family (OpenVLA-OFT: `models/oft/pretrained.PretrainedVLA`; π0 / π0.5: `models/pi0/source.Pi0Source`) hands out a
 `PolicySource`: the policy together with everything that must agree with it (tokenizer, image pipeline,
 statistics). The run's code above the model layer talks to it only through the members below, so it never asks
 which family it holds:
@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 POLICY_FAMILIES = ("oft", "pi0")
-"""`model.family`: OpenVLA-OFT (`models/pretrained.py`), π0 and π0.5 (`models/pi0/source.py`)."""
+"""`model.family`: OpenVLA-OFT (`models/oft/pretrained.py`), π0 and π0.5 (`models/pi0/source.py`)."""
 
 if TYPE_CHECKING:
     import torch
@@ -104,7 +104,7 @@ class Demonstrations(Protocol):
 
 
 class RolloutProcessor(Protocol):
-    """Observations -> a family's model inputs (OFT: `models/processor.Processor`; π0: `models/pi0/rollout.py`)."""
+    """Observations -> a family's model inputs (OFT: `models/oft/processor.Processor`; π0: `models/pi0/rollout.py`)."""
 
     def prepare(self, observations: list[Any], prepared: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(images uint8 [B, cameras, S, S, 3] as the policy sees them, raw proprio [B, d]): what a rollout records."""
@@ -138,6 +138,11 @@ class DecodingEngine(Protocol):
 
 class ChunkDecoder(Protocol):
     """How the rollout engine decodes a family's batch with its own copy of the policy (`RolloutEngine(decoder=)`)."""
+
+    def fp8_weights(self, emulate: bool) -> Any:
+        """The FP8 copies of the policy's matrices that `fast_forward` multiplies with `rollout.precision=fp8` (an
+        object with `refresh(policy)`, `release()` and `nbytes()`), or None where the family has no FP8 products."""
+        ...
 
     def fast_forward(self, policy: nn.Module, compile: bool, fp8: Any) -> Callable[..., Tensor] | None:
         """The engine's faster forward of `policy` (compiled, FP8 products where `fp8` holds the weights' copies),

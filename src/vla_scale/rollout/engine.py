@@ -21,7 +21,7 @@ or from trainer rank 0 over an update group, received by a `WeightReceiver` that
 engine shares a GPU with the actor, `release_memory_occupation` frees its weights during the update and
 `resume_memory_occupation` takes the memory back for the sync that follows.
 
-`precision="fp8"` (`rollout.precision`): the fast forward multiplies in FP8 (`models/fp8.py`). The engine still
+`precision="fp8"` (`rollout.precision`): the fast forward multiplies in FP8 (`models/oft/fp8.py`). The engine still
 receives and holds the actor's weights exactly (the sync compares and fingerprints them); before the first forward
 after a sync it quantises them into FP8 copies, so its log-probs are those of a slightly different policy, which the
 trainer treats as the behaviour policy.
@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vla_scale.models.fp8 import PRECISIONS, Fp8Weights, fp8_problem
+from vla_scale.models.fp8 import PRECISIONS, fp8_problem
 from vla_scale.models.interface import ChunkDecoder, Sampled
 from vla_scale.tensors.checksum import weights_checksum
 from vla_scale.tensors.spans import span
@@ -95,7 +95,7 @@ class RolloutEngine:
         self.version = -1
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         wants_fast = on_gpu or precision == "fp8"  # FP8 products exist on the fast path only
-        self.fp8 = Fp8Weights(emulate_fp8) if precision == "fp8" else None
+        self.fp8 = decoder.fp8_weights(emulate_fp8) if precision == "fp8" else None
         self._fp8_stale = True  # the FP8 copies no longer match the weights: quantise before the next forward
         use_fast = wants_fast if fast is None else fast
         compiled = on_gpu if compile is None else compile

@@ -16,7 +16,7 @@ from vla_scale.config import EnvConfig, RecordConfig
 from vla_scale.datasets.episodes import Episode
 from vla_scale.envs.registry import make_env, simulator
 from vla_scale.envs.types import ChunkStep, Env, Observation
-from vla_scale.models import PretrainedVLA
+from vla_scale.models.oft import PretrainedVLA
 
 
 class ReplayMismatch(RuntimeError):

@@ -1,8 +1,8 @@
 """A dataset's action and proprio statistics as `dataset_statistics.json` has them: OFT's, made in the model layer
-(`models/statistics.py`), which computes them for `PretrainedVLA.with_demonstrations`."""
+(`models/oft/statistics.py`), which computes them for `PretrainedVLA.with_demonstrations`."""
 
 from __future__ import annotations
 
-from vla_scale.models.statistics import dataset_statistics
+from vla_scale.models.oft.statistics import dataset_statistics
 
 __all__ = ["dataset_statistics"]

@@ -8,9 +8,10 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 from vla_scale.batches import MicroBatch, MiniBatch, RowIndex, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
-from vla_scale.models import Processor, WordTokenizer
+from vla_scale.models.oft import Processor
 from vla_scale.models.oft.decode import OFTDecoder, OFTScorer
-from vla_scale.models.vision import Block
+from vla_scale.models.oft.vision import Block
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.actor.optimizer_states import OptimizerStates
 from vla_scale.parallel.sync.weight_sync import gathered_buckets, sync_weights

@@ -15,8 +15,9 @@ from vla_scale.batches import Trajectory, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import TaskSpec
-from vla_scale.models import Processor, WordTokenizer
+from vla_scale.models.oft import Processor
 from vla_scale.models.oft.decode import OFTScorer
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import gathered_buckets
 from vla_scale.run_policy import build_policy, spec_from_model_config

@@ -7,7 +7,7 @@ import torch
 
 from vla_scale.config import DeepSpeedConfig, EnvConfig, ModelConfig, SftConfig
 from vla_scale.datasets.episodes import Episode
-from vla_scale.models import PretrainedVLA
+from vla_scale.models.oft import PretrainedVLA
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import gathered_buckets
 from vla_scale.run_policy import vla_for_env

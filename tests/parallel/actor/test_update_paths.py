@@ -13,8 +13,9 @@ import torch
 from vla_scale.batches import MicroBatch, MiniBatch, RowIndex, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
-from vla_scale.models import Processor, WordTokenizer
+from vla_scale.models.oft import Processor
 from vla_scale.models.oft.decode import OFTScorer
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.objectives import clipped_policy_loss, logprob_mismatch, truncated_is_weights
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import gathered_buckets

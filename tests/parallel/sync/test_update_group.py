@@ -10,8 +10,8 @@ import torch
 
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
-from vla_scale.models import WordTokenizer
 from vla_scale.models.oft.decode import OFTDecoder, OFTScorer
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.run_policy import build_policy
 
 CFG = ModelConfig(image_size=32, patch_size=8, vision_dim=32, hidden_size=32, num_layers=1, num_heads=2,

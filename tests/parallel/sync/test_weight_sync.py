@@ -7,8 +7,8 @@ import torch
 
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, ModelConfig
 from vla_scale.envs.reach import instructions
-from vla_scale.models import WordTokenizer
 from vla_scale.models.oft.decode import OFTDecoder, OFTScorer
+from vla_scale.models.tokenizer import WordTokenizer
 from vla_scale.parallel.actor import Actor
 from vla_scale.parallel.sync.weight_sync import _end_to_end, gathered_buckets, sync_weights
 from vla_scale.rollout.engine import RolloutEngine

@@ -17,13 +17,17 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vla_scale.models.fp8 import Fp8Weights
 from vla_scale.models.interface import DecodingEngine, Sampled
 from vla_scale.models.oft.fast_forward import FastForward
+from vla_scale.models.oft.fp8 import Fp8Weights
 
 
 class OFTDecoder:
     """How the rollout engine decodes an OFT policy (`ChunkDecoder`)."""
+
+    @staticmethod
+    def fp8_weights(emulate: bool) -> Fp8Weights:
+        return Fp8Weights(emulate)
 
     @staticmethod
     def fast_forward(policy: nn.Module, compile: bool, fp8: Fp8Weights | None) -> FastForward | None:

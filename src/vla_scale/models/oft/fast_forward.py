@@ -12,7 +12,7 @@ What differs from the policy's own (plain) forward, and why each keeps the funct
 - **Free functions per block.** A ViT block and the parts of a Llama decoder layer are written as functions of their
   weights, so `torch.compile` traces each once (batch and sequence sizes dynamic) and every layer reuses the compiled
   code; it fuses each norm, rotary embedding and activation into one pass. The arithmetic follows transformers' Llama
-  (RMSNorm in float32, cast back before the weight) and the towers in `models/vision.py` (same ops, same order).
+  (RMSNorm in float32, cast back before the weight) and the towers in `models/oft/vision.py` (same ops, same order).
 - **Stacked projections.** The engine lays its weights end to end in parameter order, so a layer's q, k and v
   weights (and its gate and up weights) already form one matrix: a view of it makes each one matrix product.
 - **Residual adds in the GEMM.** The output and down projections accumulate into the residual stream in place
@@ -36,9 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vla_scale.models.fp8 import Fp8Llama, Fp8Matrix, Fp8Vit, Fp8Weights, fp8_linear, quantise_rows, scaled_mm
+from vla_scale.models.fp8 import Fp8Matrix, fp8_linear, quantise_rows, scaled_mm
+from vla_scale.models.oft.fp8 import Fp8Llama, Fp8Vit, Fp8Weights
 from vla_scale.models.oft.policy import OFTPolicy
-from vla_scale.models.vision import ViT, film, quick_gelu
+from vla_scale.models.oft.vision import ViT, film, quick_gelu
 from vla_scale.tensors.spans import span
 
 Weights = tuple[Tensor | None, ...]
@@ -288,7 +289,7 @@ def _stacked(*linears: Any) -> Tensor | None:
 class FastForward:
     """`policy.action_logits` (bins only) the fast way; `compile=True` runs the blocks through `torch.compile`;
     `side_by_side` (on a GPU) runs two towers on two streams; `fp8`: the towers' and decoder layers' matrix products
-    through these FP8 copies of their weights (`models/fp8.py`; the caller keeps them fresh)."""
+    through these FP8 copies of their weights (`models/oft/fp8.py`; the caller keeps them fresh)."""
 
     def __init__(self, policy: OFTPolicy, compile: bool = False, side_by_side: bool = True,
                  fp8: Fp8Weights | None = None):

@@ -9,7 +9,7 @@ The K = chunk_len * action_dim slots carry zero input embeddings (official) or o
 of a batch are right-padded after their stop token, so each runs at the positions it would run at alone and padding
 is only ever a masked key. Slot k is read one row earlier (next-token convention: the last prompt token predicts
 slot 0, slot k-1 predicts slot k): the token head's logits there, restricted to the `n_bins` action tokens in
-vocabulary order, or the L1-regression head over those rows' hidden states (`models/action_heads.py`).
+vocabulary order, or the L1-regression head over those rows' hidden states (`models/oft/action_heads.py`).
 
 Attention: the official checkpoints run under the OFT transformers fork, whose SDPA path attends bidirectionally
 over the whole sequence (pad keys masked); plain transformers attends causally. Both are a 4D additive mask here,
@@ -28,14 +28,14 @@ from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
 
-from vla_scale.models.action_heads import ActionLogStd, L1RegressionHead, distribution, executable
-from vla_scale.models.actions import ActionTokenizer, DatasetStats
-from vla_scale.models.checkpoint_io import load_weights, read_proprio_dim, read_spec, save_policy
 from vla_scale.models.critic import read_rows
 from vla_scale.models.lora import ServesMerged
-from vla_scale.models.processor import ImageTransform, PolicyInputs, PreparedInputs, Processor
-from vla_scale.models.spec import OFTSpec
-from vla_scale.models.vision import Block, VisionBackbone
+from vla_scale.models.oft.action_heads import ActionLogStd, L1RegressionHead, distribution, executable
+from vla_scale.models.oft.actions import ActionTokenizer, DatasetStats
+from vla_scale.models.oft.checkpoint_io import load_weights, read_proprio_dim, read_spec, save_policy
+from vla_scale.models.oft.processor import ImageTransform, PolicyInputs, PreparedInputs, Processor
+from vla_scale.models.oft.spec import OFTSpec
+from vla_scale.models.oft.vision import Block, VisionBackbone
 
 __all__ = ["OFTPolicy", "PolicyInputs", "Processor"]
 
@@ -150,7 +150,7 @@ class OFTPolicy(ServesMerged, nn.Module):
         if l1:  # the L1 head reads the hidden states: the LM head never runs, so it has nothing to learn
             self.language_model.lm_head.requires_grad_(False)
         self.distribution = distribution(spec.action_head)
-        """Samples, log-probs and entropies of what `forward` returns (`models/action_heads.py`)."""
+        """Samples, log-probs and entropies of what `forward` returns (`models/oft/action_heads.py`)."""
         self.action_tokenizer = ActionTokenizer(spec.n_bins)
         self.norm_stats = {key: DatasetStats.from_json(s, spec.normalization) for key, s in spec.norm_stats.items()}
         self.preprocessor: dict[str, Any] | None = None  # the checkpoint's preprocessor_config.json, when loaded

@@ -196,6 +196,11 @@ class Pi0Decoder:
                                    mask=mask)
 
     @staticmethod
+    def fp8_weights(emulate: bool) -> None:
+        """None: π0 has no FP8 products (the engine refuses `rollout.precision=fp8` for it)."""
+        return None
+
+    @staticmethod
     def fast_forward(policy: nn.Module, compile: bool, fp8: Any) -> None:
         """None: π0 decodes with its own `sample_actions` / `sample_chain` (no fast forward, no FP8 products)."""
         return None

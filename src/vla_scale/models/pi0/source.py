@@ -286,7 +286,7 @@ class Pi0Source:
         """The policy (the expert's LM head, which never runs, frozen): freshly initialised, or the weights of the
         checkpoint folder it came from (copied into ZeRO-3 shards under `zero3_init`), with `kernels`. A Flow-Noise
         policy's noise head comes from the folder's `noise_head.safetensors`, else stays freshly initialised."""
-        from vla_scale.models.checkpoint_io import copy_tensors
+        from vla_scale.models.checkpoint_folders import copy_tensors
         from vla_scale.models.pi0.checkpoint import read_noise_head, read_pi0_folder
         from vla_scale.models.pi0.noise_head import PREFIX
         from vla_scale.models.pi0.policy import Pi0Policy

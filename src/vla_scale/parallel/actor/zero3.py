@@ -22,7 +22,7 @@ from vla_scale.algo.base import Algorithm
 from vla_scale.algo.registry import make_algorithm
 from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig, SftConfig
-from vla_scale.models.checkpoint_io import copy_tensors
+from vla_scale.models.checkpoint_folders import copy_tensors
 from vla_scale.models.critic import PolicyWithValue, ValueHead, read_value_head, value_head_file
 from vla_scale.models.interface import ChunkScorer, SupervisedBatch
 from vla_scale.models.lora import add_adapters

@@ -27,10 +27,10 @@ from torch import Tensor
 
 from vla_scale.envs.official_images import ImagePrep, centre_crop
 from vla_scale.envs.types import Observation
-from vla_scale.models.actions import DatasetStats
-from vla_scale.models.spec import OFTSpec
+from vla_scale.models.oft.actions import DatasetStats
+from vla_scale.models.oft.spec import OFTSpec
+from vla_scale.models.oft.vision import ViTSpec
 from vla_scale.models.tokenizer import TextTokenizer, pad_rows, prompt_text
-from vla_scale.models.vision import ViTSpec
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """A dataset's action and proprio statistics in the layout of OpenVLA's `dataset_statistics.json`.
 
-The policy normalises with them at run time (`models/actions.DatasetStats`: q01/q99 for BOUNDS_Q99), so SFT computes
+The policy normalises with them at run time (`models/oft/actions.DatasetStats`: q01/q99 for BOUNDS_Q99), so SFT computes
 them from its demonstrations and saves them in the checkpoint folder; the RL run and the evaluation read them back
 from there. Quantiles as numpy's default (linear) interpolation, over every step of every episode.
 """

@@ -17,7 +17,7 @@ post-processing. `PretrainedVLA` reads all of them from one source and hands the
 The policy's weights are built from the spec and the weights' folder (none: a random init) by `OFTPolicy.from_spec`
 on first use of `.policy` (and again by `new_policy`, e.g. for the DeepSpeed actor under ZeRO-3), so the checks cost
 no weight loading and a fresh policy draws its init where it always did. `predict` samples with the rollout engine's
-sampler (`models/sampling.py`).
+sampler (`models/oft/sampling.py`).
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ import torch
 from vla_scale.datasets.episodes import Episode
 from vla_scale.envs.registry import simulator
 from vla_scale.envs.types import Observation
-from vla_scale.models.action_heads import l1_head_shapes
-from vla_scale.models.actions import DatasetStats
-from vla_scale.models.checkpoint_io import (
+from vla_scale.models.interface import EnvKeys
+from vla_scale.models.kernels import use_kernels
+from vla_scale.models.oft.action_heads import l1_head_shapes
+from vla_scale.models.oft.actions import DatasetStats
+from vla_scale.models.oft.checkpoint_io import (
     CONFIG,
     PREPROCESSOR,
     STATS,
@@ -50,12 +52,10 @@ from vla_scale.models.checkpoint_io import (
     weight_files,
     write_folder,
 )
-from vla_scale.models.demonstrations import OFTDemonstrations, SupervisedExamples
-from vla_scale.models.interface import EnvKeys
-from vla_scale.models.kernels import use_kernels
-from vla_scale.models.processor import PolicyInputs, Processor
-from vla_scale.models.spec import OFFICIAL_EVALUATION, OFTSpec
-from vla_scale.models.statistics import dataset_statistics
+from vla_scale.models.oft.demonstrations import OFTDemonstrations, SupervisedExamples
+from vla_scale.models.oft.processor import PolicyInputs, Processor
+from vla_scale.models.oft.spec import OFFICIAL_EVALUATION, OFTSpec
+from vla_scale.models.oft.statistics import dataset_statistics
 from vla_scale.models.tokenizer import HFTokenizer, TextTokenizer, prompt_text
 
 if TYPE_CHECKING:  # the policy module imports transformers' Llama: checking a policy against an env needs none
@@ -238,7 +238,7 @@ class PretrainedVLA:
                                                             [e.state for e in episodes]))
 
     def demonstrations(self, episodes: Sequence[Episode], augmentation: str = "auto") -> OFTDemonstrations:
-        """The examples of `episodes` (`models/demonstrations.py`), images prepared once; no augmentation (auto and
+        """The examples of `episodes` (`models/oft/demonstrations.py`), images prepared once; no augmentation (auto and
         none; openpi's is π0's, refused)."""
         if augmentation not in ("auto", "none"):
             raise ValueError(f"sft.image_augmentation={augmentation}: OpenVLA-OFT's fine-tuning here augments no "

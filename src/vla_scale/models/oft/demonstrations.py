@@ -20,9 +20,9 @@ import torch
 from torch import Tensor, nn
 
 from vla_scale.datasets.episodes import Episode
-from vla_scale.models.actions import ActionTokenizer, DatasetStats
 from vla_scale.models.interface import chunk_index, draw_batches
-from vla_scale.models.processor import PolicyInputs, Processor
+from vla_scale.models.oft.actions import ActionTokenizer, DatasetStats
+from vla_scale.models.oft.processor import PolicyInputs, Processor
 from vla_scale.objectives.supervised import supervised_loss
 
 

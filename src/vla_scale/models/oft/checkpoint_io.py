@@ -25,18 +25,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from vla_scale.models.spec import OFTSpec, openvla_config, spec_from_openvla
+from vla_scale.models.checkpoint_folders import copy_tensors
+from vla_scale.models.oft.spec import OFTSpec, openvla_config, spec_from_openvla
 
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 STATS, PREPROCESSOR = "dataset_statistics.json", "preprocessor_config.json"
 PROPRIO_PREFIX = "proprio_projector."
 HEAD_PREFIX = "action_head."
-"""Our parameter names of the L1-regression head (`models/action_heads.py`); its side file holds them without it."""
+"""Our parameter names of the L1-regression head (`models/oft/action_heads.py`); its side file holds them without it."""
 OPTIONAL = ("action_noise.log_std",)
 """Parameters a folder may lack, kept at their init: an official L1 fine-tune has no Gaussian log-std (RL adds it)."""
-RUN_CHECKPOINTS, LATEST = "checkpoints", "latest"
-"""A training run directory keeps its step folders in `checkpoints/`; `checkpoints/latest` names the newest complete
-one (`vla_scale.checkpoint` writes them)."""
 
 
 def _read_json(path: str) -> dict[str, Any]:
@@ -120,19 +118,6 @@ def read_spec(path: str, proprio_dim: int | None = None, files: dict[str, Any] |
     return spec_from_openvla(config, proprio_dim=proprio_dim, **overrides)
 
 
-def step_folder(path: str) -> str:
-    """The checkpoint folder `path` stands for: a training run directory its newest complete step folder (each one
-    is a checkpoint folder of this layout), anything else itself."""
-    latest = os.path.join(path, RUN_CHECKPOINTS, LATEST)
-    if not os.path.isdir(os.path.join(path, RUN_CHECKPOINTS)):
-        return path
-    if not os.path.isfile(latest):
-        raise FileNotFoundError(f"{path} is a run directory that saved no checkpoint ({latest} is missing): pass a run "
-                                "that did, or one of its checkpoints/step_<k> folders")
-    with open(latest) as f:
-        return os.path.join(path, RUN_CHECKPOINTS, f.read().strip())
-
-
 def weight_files(path: str) -> list[str]:
     index = os.path.join(path, INDEX)
     if os.path.exists(index):
@@ -160,39 +145,7 @@ def load_weights(policy: torch.nn.Module, path: str, zero3_init: bool = False) -
     stray tensor) and keep its preprocessor_config.json on it."""
     if os.path.exists(os.path.join(path, PREPROCESSOR)):
         policy.preprocessor = _read_json(os.path.join(path, PREPROCESSOR))
-    copy_tensors(policy, iter_tensors(path), zero3_init)
-
-
-def copy_tensors(module: torch.nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], zero3: bool,
-                 fresh: tuple[str, ...] = ()) -> None:
-    """Copy named tensors into `module`'s parameters; raise naming what is missing (but `OPTIONAL` and the parameters
-    whose names start with one of `fresh`, which keep their init), unexpected or misshaped."""
-    params = dict(module.named_parameters())
-    seen: set[str] = set()
-    for name, tensor in tensors:
-        if name not in params:
-            raise KeyError(f"checkpoint tensor {name!r} has no parameter in the policy (architecture mismatch)")
-        _copy_one(name, params[name], tensor, zero3)
-        seen.add(name)
-    missing = sorted(n for n in set(params) - seen - set(OPTIONAL) if not n.startswith(fresh))
-    if missing:
-        raise KeyError(f"checkpoint lacks {len(missing)} parameters of the policy, e.g. {missing[:5]}")
-
-
-def _copy_one(name: str, param: torch.nn.Parameter, tensor: torch.Tensor, zero3: bool) -> None:
-    shape = tuple(getattr(param, "ds_shape", param.shape)) if zero3 else tuple(param.shape)
-    if shape != tuple(tensor.shape):
-        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != policy shape {shape}")
-    if not zero3:
-        with torch.no_grad():
-            param.copy_(tensor)
-        return
-    import deepspeed
-    import torch.distributed as dist
-
-    with deepspeed.zero.GatheredParameters([param], modifier_rank=0), torch.no_grad():
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            param.copy_(tensor)
+    copy_tensors(policy, iter_tensors(path), zero3_init, optional=OPTIONAL)
 
 
 def save_policy(policy: Any, path: str, max_shard_gb: float = 5.0) -> None:

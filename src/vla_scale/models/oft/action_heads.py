@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vla_scale.models.sampling import sample_bins
-from vla_scale.models.spec import ACTION_HEADS
+from vla_scale.models.oft.sampling import sample_bins
+from vla_scale.models.oft.spec import ACTION_HEADS
 from vla_scale.objectives import gaussian_entropy, gaussian_logprobs, logprobs_from_logits, token_entropy
 
 HEADS = ACTION_HEADS

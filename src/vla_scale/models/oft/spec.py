@@ -23,7 +23,7 @@ import copy
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vla_scale.models.vision import ViTSpec, timm_vit_spec
+from vla_scale.models.oft.vision import ViTSpec, timm_vit_spec
 
 LLAMA_DEFAULTS: dict[str, Any] = {
     "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
@@ -77,7 +77,7 @@ ACTION_CONVENTIONS = ("env", "openvla")
 """Whose convention a policy's un-normalised actions are in (envs/simulator.py): the env's own (policies trained
 here, by RL from scratch or by SFT on the env's demonstrations) or OpenVLA's (official fine-tunes)."""
 ACTION_HEADS = ("tokens", "l1")
-"""What reads actions off the backbone (models/action_heads.py; `model.action_head=auto` resolves to one)."""
+"""What reads actions off the backbone (models/oft/action_heads.py; `model.action_head=auto` resolves to one)."""
 
 
 @dataclass
@@ -101,7 +101,7 @@ class OFTSpec:
     image_resize: str = "bicubic"  # IMAGE_RESIZES
     camera_resolution: int = 0  # the side the evaluation pipeline renders at (0: any)
     use_proprio: bool = True  # feed the proprio token (False: the official discrete path, which drops it)
-    action_head: str = "tokens"  # models/action_heads.HEADS: the LM head's bins, or the L1-regression MLP
+    action_head: str = "tokens"  # models/oft/action_heads.HEADS: the LM head's bins, or the L1-regression MLP
     log_std_init: float = -1.0  # the l1 head's Gaussian: initial log-std per action dimension
     action_convention: str = ""  # ACTION_CONVENTIONS; "": OpenVLA's when the policy has statistics, else the env's
     use_film: bool = False  # FiLM: the towers' blocks conditioned on the prompt's average embedding (OFT+)
