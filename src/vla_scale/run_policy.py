@@ -12,29 +12,26 @@ This module is the one translation between the two descriptions, above both:
 - `resolved_model_config`: the `ModelConfig` describing the policy a run actually holds (a checkpoint's values over
   the command line's), what `run_setup.resolved_config` logs.
 
-Both dispatch on `model.family` through `FAMILIES` (OpenVLA-OFT: `PretrainedVLA`; π0 / π0.5: `Pi0Source`), the one
-place a family is chosen; what they return is a `models/interface.PolicySource`.
+Both dispatch on `model.family` through the family registry (`models/registry.py`): each family's record names its
+own translation (OpenVLA-OFT's is this module's `oft_vla_for_env` / `oft_resolved_model_config`; the others live in
+their folders, e.g. `models/pi0/run.py`). What they return is a `models/interface.PolicySource`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, replace
+from collections.abc import Collection
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from vla_scale.config import ConfigError, EnvConfig, ModelConfig
-from vla_scale.config.schema import Pi0ModelConfig
 from vla_scale.envs.registry import simulator
 from vla_scale.models.checkpoint_folders import step_folder
 from vla_scale.models.kernels import kernels_problem
 from vla_scale.models.oft.pretrained import CheckpointError, PretrainedVLA
 from vla_scale.models.oft.spec import LLAMA_DEFAULTS, VISION_BACKBONES, OFTSpec, check_spec, llm_kwargs, timm_ids
 from vla_scale.models.oft.vision import HALF_MEAN_STD, ViTSpec, timm_vit_spec
-from vla_scale.models.pi0.source import Pi0Source
-from vla_scale.models.pi0.spec import PRESETS as PI0_PRESETS
-from vla_scale.models.pi0.spec import Pi0Spec
-from vla_scale.models.pi0.spec import check_spec as check_pi0_spec
+from vla_scale.models.registry import policy_family, run_family
 from vla_scale.models.tokenizer import TextTokenizer, WordTokenizer
 
 if TYPE_CHECKING:  # the policy module imports transformers' Llama: only what builds weights needs it
@@ -155,7 +152,7 @@ def vla_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[str] = 
     problem = kernels_problem(model.kernels)
     if problem:
         raise ConfigError(problem)
-    source = FAMILIES[family].source(replace(model, family=family), env, explicit)
+    source = policy_family(family).source_for_env()(replace(model, family=family), env, explicit)
     source.kernels = model.kernels
     return source
 
@@ -164,7 +161,7 @@ def checkpoint_family_of(model: ModelConfig, explicit: Collection[str] = ()) -> 
     """The family `model.checkpoint`'s folder holds (`models/families.checkpoint_family`), else `model.family`; a
     `model.family` set on the command line that the folder contradicts is refused. Folders of no known family are
     left to the configured family's reader, whose refusal names what the folder lacks."""
-    from vla_scale.models.families import RUN_FAMILIES, CheckpointFolderError, checkpoint_family
+    from vla_scale.models.families import CheckpointFolderError, checkpoint_family
 
     if not model.checkpoint:
         return model.family
@@ -175,7 +172,7 @@ def checkpoint_family_of(model: ModelConfig, explicit: Collection[str] = ()) -> 
         found = None
     if found is None:
         return model.family
-    family = RUN_FAMILIES[found.family]
+    family = run_family(found.family)
     if family != model.family and "model.family" in explicit:
         raise ConfigError(f"model.family={model.family} but model.checkpoint={model.checkpoint!r} is a "
                           f"{found.note}: drop model.family (the folder decides it)")
@@ -232,7 +229,7 @@ def model_config_from_spec(spec: OFTSpec, base: ModelConfig | None = None) -> Mo
 
 def resolved_model_config(vla: Any, base: ModelConfig) -> ModelConfig:
     """The ModelConfig describing `vla`'s policy (the checkpoint's values over `base`; the prompt budget)."""
-    return FAMILIES[vla.family].resolved(vla, replace(base, family=vla.family))
+    return policy_family(vla.family).resolved_model_config()(vla, replace(base, family=vla.family))
 
 
 def oft_resolved_model_config(vla: PretrainedVLA, base: ModelConfig) -> ModelConfig:
@@ -257,101 +254,3 @@ def contradicted_keys(vla: PretrainedVLA, model: ModelConfig, explicit: Collecti
     return problems
 
 
-# ---- π0 / π0.5 ------------------------------------------------------------------------------------------------------
-def pi0_spec_from_model_config(model: ModelConfig) -> Pi0Spec:
-    """The preset `model.pi0.preset` names, its fields replaced by the `model.pi0.*` keys that are set."""
-    p = model.pi0
-    overrides = {k: v for k, v in (("action_horizon", p.action_horizon), ("action_dim", p.action_dim),
-                                   ("max_token_len", p.max_token_len), ("num_steps", p.num_steps),
-                                   ("normalization", p.normalization), ("norm_convention", p.norm_convention))
-                 if v}
-    spec = replace(PI0_PRESETS[p.preset](), **overrides)
-    vision = {k: v for k, v in (("image_size", p.image_size), ("patch_size", p.patch_size)) if v}
-    spec = replace(spec, vision=replace(spec.vision, **vision)) if vision else spec
-    check_pi0_spec(spec)
-    return spec
-
-
-def pi0_source_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[str] = ()) -> Pi0Source:
-    """A fresh π0 / π0.5 policy on `env` (model.family=pi0), or ConfigError naming each key that does not fit."""
-    unsupported = [f"model.{key} is not supported for model.family=pi0 yet ({why})" for key, value, why in (
-        ("lora.path", model.lora.path, "merging an adapter folder into a π0 policy"),) if value]
-    if model.checkpoint:
-        return pi0_checkpoint_source(model, env, explicit, unsupported)
-    if not model.pi0.tokenizer:
-        unsupported.append("model.pi0.tokenizer is not set: name the PaliGemma SentencePiece model file "
-                           "(paligemma_tokenizer.model; for the tiny shapes any SentencePiece model, e.g. "
-                           "tests/fixtures/openpi_reference/tokenizer.model)")
-    if unsupported:
-        raise ConfigError("cannot build the policy:\n  - " + "\n  - ".join(unsupported))
-    try:
-        spec = pi0_spec_from_model_config(model)
-        source = Pi0Source.fresh(spec, model.pi0.tokenizer, env.name, f"a fresh model={model.name}")
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"model.pi0.tokenizer={model.pi0.tokenizer!r} / model.pi0.*: {err}") from err
-    rl_settings(source, model.pi0)
-    problems = source.check_env(env)
-    if problems:
-        raise ConfigError("the policy does not fit the env:\n  - " + "\n  - ".join(problems))
-    return source
-
-
-def rl_settings(source: Pi0Source, pi0: Pi0ModelConfig) -> None:
-    """The `model.pi0.*` keys of RL's stochastic chain onto `source` (how its decoder samples, what its policies
-    hold)."""
-    source.noise_level, source.stochastic_steps, source.rl_noise = pi0.noise_level, pi0.stochastic_steps, pi0.rl_noise
-    source.noise_std = (pi0.noise_std_min, pi0.noise_std_max)
-
-
-PI0_SHAPE_KEYS = ("preset", "action_horizon", "action_dim", "max_token_len", "normalization", "image_size",
-                  "patch_size")
-"""`model.pi0.*` keys a checkpoint decides (num_steps, the sampling's, and tokenizer may be set on top of one)."""
-
-
-def pi0_checkpoint_source(model: ModelConfig, env: EnvConfig, explicit: Collection[str],
-                          problems: list[str]) -> Pi0Source:
-    """The π0 / π0.5 policy of `model.checkpoint`'s folder (either layout) on `env`, or ConfigError naming every
-    key that does not fit: `problems` found already, shape keys set on the command line (the folder decides them),
-    what the folder lacks, what the env cannot take."""
-    problems = problems + [f"model.pi0.{key} is set but {model.checkpoint} decides it: drop it" for key in
-                           PI0_SHAPE_KEYS if f"model.pi0.{key}" in explicit]
-    if problems:
-        raise ConfigError("cannot build the policy:\n  - " + "\n  - ".join(problems))
-    try:
-        source = Pi0Source.from_folder(step_folder(model.checkpoint), env.name, model.pi0.tokenizer)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"model.checkpoint={model.checkpoint!r}: {err}") from err
-    for key in ("num_steps", "norm_convention"):  # how the folder's policy samples and normalises, not its shapes
-        if getattr(model.pi0, key):
-            source.spec = replace(source.spec, **{key: getattr(model.pi0, key)})
-    rl_settings(source, model.pi0)
-    env_problems = source.check_env(env)
-    if env_problems:
-        raise ConfigError("the policy does not fit the env:\n  - " + "\n  - ".join(env_problems))
-    return source
-
-
-def pi0_resolved_model_config(source: Pi0Source, base: ModelConfig) -> ModelConfig:
-    """`base` with the π0 spec's resolved sizes and normalisation under model.pi0, the stochastic steps of RL's
-    chain resolved to the method's, and `model.chunk_len` the actions of each chunk the env plays per decode
-    (`Pi0Source.actions_per_chunk`)."""
-    from vla_scale.models.pi0.rollout import resolved_stochastic_steps
-
-    spec = source.spec
-    pi0 = replace(base.pi0, action_horizon=spec.action_horizon, action_dim=spec.action_dim,
-                  max_token_len=spec.max_token_len, num_steps=spec.num_steps, normalization=spec.resolved_normalization,
-                  stochastic_steps=resolved_stochastic_steps(base.pi0.stochastic_steps, base.pi0.rl_noise))
-    return replace(base, chunk_len=source.actions_per_chunk, pi0=pi0)
-
-
-@dataclass(frozen=True)
-class Family:
-    """How the run's `model.*` keys become a policy source of one family, and back."""
-
-    source: Callable[[ModelConfig, EnvConfig, Collection[str]], Any]
-    resolved: Callable[[Any, ModelConfig], ModelConfig]
-
-
-FAMILIES = {"oft": Family(oft_vla_for_env, oft_resolved_model_config),
-            "pi0": Family(pi0_source_for_env, pi0_resolved_model_config)}
-"""`model.family` -> its translation (`models/interface.POLICY_FAMILIES` names them)."""

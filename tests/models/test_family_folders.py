@@ -69,9 +69,11 @@ def test_a_log_prob_counts_when_the_first_action_it_covers_ran() -> None:
 @pytest.mark.parametrize("family", ["oft", "pi0"])
 def test_every_family_is_registered_with_its_folder_and_a_model_config(family: str) -> None:
     from vla_scale.models.interface import POLICY_FAMILIES
-    from vla_scale.run_policy import FAMILIES
+    from vla_scale.models.registry import FAMILIES
 
     assert set(POLICY_FAMILIES) == set(FAMILIES) == {"oft", "pi0"}
+    record = FAMILIES[family]
+    assert callable(record.source_for_env()) and callable(record.resolved_model_config())
     from vla_scale.models.oft.pretrained import PretrainedVLA
     from vla_scale.models.pi0.source import Pi0Source
 

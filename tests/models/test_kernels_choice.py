@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from vla_scale.config import ConfigError, EnvConfig, ModelConfig
-from vla_scale.config.schema import Pi0ModelConfig
 from vla_scale.datasets.episodes import Episode
 from vla_scale.envs.reach import instructions
 from vla_scale.envs.types import Observation
@@ -20,6 +19,7 @@ from vla_scale.models.kernels import KERNELS, kernels_problem, use_kernels
 from vla_scale.models.oft.policy import OFTPolicy
 from vla_scale.models.oft.statistics import dataset_statistics
 from vla_scale.models.pi0.policy import Pi0Inputs, Pi0Policy
+from vla_scale.models.pi0.settings import Pi0ModelConfig
 from vla_scale.models.pi0.spec import tiny_spec
 from vla_scale.run_policy import vla_for_env
 

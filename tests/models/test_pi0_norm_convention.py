@@ -15,8 +15,8 @@ from vla_scale.config import ConfigError, EnvConfig, ModelConfig
 from vla_scale.models.pi0.checkpoint import read_pi0_folder, write_pi0_folder
 from vla_scale.models.pi0.normalize import NormStats, Pi0Normalizer
 from vla_scale.models.pi0.policy import Pi0Policy
+from vla_scale.models.pi0.run import source_for_env as pi0_source_for_env
 from vla_scale.models.pi0.spec import tiny_spec
-from vla_scale.run_policy import pi0_source_for_env
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REFERENCE = load_file(str(FIXTURES / "lerobot_reference" / "normalization.safetensors"))

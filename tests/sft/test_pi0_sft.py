@@ -82,7 +82,7 @@ def test_the_flow_loss_falls_on_a_repeated_batch():
     import torch
 
     from vla_scale.config import DeepSpeedConfig, EnvConfig, ModelConfig, SftConfig
-    from vla_scale.config.schema import Pi0ModelConfig
+    from vla_scale.models.pi0.settings import Pi0ModelConfig
     from vla_scale.parallel.actor import Actor
     from vla_scale.run_policy import vla_for_env
     from vla_scale.run_setup import init_distributed

@@ -18,6 +18,7 @@ from vla_scale.config.schema import (
 )
 from vla_scale.envs.registry import SIMULATORS, simulator
 from vla_scale.envs.simulator import Simulator
+from vla_scale.models.registry import FAMILIES
 
 
 def choices() -> dict[str, tuple[Any, ...]]:
@@ -28,14 +29,8 @@ def choices() -> dict[str, tuple[Any, ...]]:
     from vla_scale.datasets.lerobot_format import VERSIONS, VIDEO_CODECS
     from vla_scale.models.critic import CRITIC_POSITIONS
     from vla_scale.models.fp8 import PRECISIONS
-    from vla_scale.models.interface import POLICY_FAMILIES
     from vla_scale.models.kernels import KERNELS
     from vla_scale.models.oft.spec import ACTION_HEADS, ATTENTION_MODES, IMAGE_RESIZES
-    from vla_scale.models.pi0.rollout import RL_NOISES as PI0_RL_NOISES
-    from vla_scale.models.pi0.rollout import STOCHASTIC_STEPS as PI0_STOCHASTIC_STEPS
-    from vla_scale.models.pi0.spec import NORM_CONVENTIONS as PI0_NORM_CONVENTIONS
-    from vla_scale.models.pi0.spec import NORMALIZATIONS as PI0_NORMALIZATIONS
-    from vla_scale.models.pi0.spec import PRESETS as PI0_PRESETS
 
     return {
         "algo.name": algorithm_names(),
@@ -44,14 +39,11 @@ def choices() -> dict[str, tuple[Any, ...]]:
         "model.action_head": ("auto", *ACTION_HEADS),
         "env.eval_protocol": ("held_out", "published"),
         "model.image_resize": IMAGE_RESIZES,
-        "model.family": POLICY_FAMILIES,
+        "model.family": tuple(FAMILIES),
         "model.kernels": KERNELS,
         "sft.image_augmentation": ("auto", "none", "openpi"),
-        "model.pi0.preset": tuple(PI0_PRESETS),
-        "model.pi0.normalization": ("", *PI0_NORMALIZATIONS),
-        "model.pi0.norm_convention": ("", *PI0_NORM_CONVENTIONS),
-        "model.pi0.stochastic_steps": ("", *PI0_STOCHASTIC_STEPS),
-        "model.pi0.rl_noise": PI0_RL_NOISES,
+        **{f"model.{name}.{key}": names for name, record in FAMILIES.items() if record.settings is not None
+           for key, names in record.settings.choices().items()},
         "deepspeed.zero_stage": (0, 1, 2, 3),
         "rollout.precision": PRECISIONS,
         "record.episodes": ("all", "successes"),
@@ -71,9 +63,8 @@ BOUNDS: dict[str, tuple[str, float, bool]] = {
     **{f"model.{k}": AT_LEAST_0 for k in ("ordinal_bin_init", "max_text_len", "vocab_size", "num_images",
                                          "lora.rank")},
     "model.lora.alpha": POSITIVE,
-    **{f"model.pi0.{k}": AT_LEAST_0 for k in ("action_horizon", "action_dim", "max_token_len", "num_steps",
-                                                  "image_size", "patch_size")},
-    **{f"model.pi0.{k}": POSITIVE for k in ("noise_level", "noise_std_min", "noise_std_max")},
+    **{f"model.{name}.{k}": bound for name, record in FAMILIES.items() if record.settings is not None
+       for k, bound in record.settings.BOUNDS.items()},
     "model.action_log_std_init": (">= -10", -10, True),
     "rollout.pipeline_stage_num": AT_LEAST_1,
     "sync.bucket_mb": AT_LEAST_1,
@@ -167,9 +158,8 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
             f"model.num_heads={m.num_heads}"
         )
     problems += lora_problems(m.lora)
-    if m.pi0.noise_std_min > m.pi0.noise_std_max:
-        problems.append(f"model.pi0.noise_std_min={m.pi0.noise_std_min} exceeds model.pi0.noise_std_max="
-                        f"{m.pi0.noise_std_max}: Flow-Noise's std range needs min <= max")
+    problems += [problem for name, record in FAMILIES.items() if record.settings is not None
+                 for problem in getattr(m, name).problems(f"model.{name}")]
     if cfg.parallel.disagg_sim.enable and not cfg.parallel.ray_address:
         problems.append("parallel.disagg_sim.enable=true places simulators on the simulation nodes of a Ray "
                         "cluster, but parallel.ray_address is empty (a local Ray has no simulation node): start the "

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from vla_scale.config import schema
 from vla_scale.envs.registry import SIMULATORS
+from vla_scale.models.registry import FAMILIES
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 """The shipped YAML files: `config.yaml` (the default run) and one folder per group of presets."""
@@ -38,11 +39,20 @@ def field_docs(module: ModuleType = schema, names: tuple[str, ...] = ()) -> dict
     return docs
 
 
+def settings_docs(cls: type) -> list[tuple[str, str, str, str]]:
+    """A settings dataclass's rows: its own fields, then those it inherits (from the modules that declare them)."""
+    rows: list[tuple[str, str, str, str]] = []
+    for base in [c for c in cls.__mro__ if dataclasses.is_dataclass(c)]:
+        rows += field_docs(inspect.getmodule(base), (base.__name__,)).get(base.__name__, [])
+    return rows
+
+
 def config_markdown() -> str:
     """docs/CONFIG.md: every field with its type, default and meaning."""
     simulators = {sim.settings.__name__: f"env.{name}" for name, sim in SIMULATORS.items()}
-    sections = {"Config": "top level", "ModelConfig": "model", "LoraConfig": "model.lora",
-                "Pi0ModelConfig": "model.pi0", "EnvConfig": "env",
+    families = {r.settings.__name__: f"model.{name}" for name, r in FAMILIES.items() if r.settings is not None}
+    sections = {"Config": "top level", "ModelConfig": "model", "LoraConfig": "model.lora", **families,
+                "EnvConfig": "env",
                 "DisaggSimConfig": "parallel.disagg_sim", **simulators,
                 "AlgoConfig": "algo", "ParallelConfig": "parallel", "DeepSpeedConfig": "deepspeed",
                 "RolloutConfig": "rollout", "SyncConfig": "sync", "SftConfig": "sft",
@@ -57,6 +67,12 @@ def config_markdown() -> str:
              "(a preset it does not name keeps the schema's default), so the default run's value of a key is the "
              "one its preset is listed with, else the schema's.", ""]
     docs = field_docs()
+    for name, record in FAMILIES.items():
+        if record.settings is not None:
+            cls = record.settings.__name__
+            docs[cls] = settings_docs(record.settings)
+            docs["ModelConfig"].append((name, cls, f"{cls}()", f"{' '.join(str(record.settings.__doc__).split())} "
+                                        f"See the `model.{name}` table."))
     for name, sim in SIMULATORS.items():
         docs.update(field_docs(inspect.getmodule(sim.settings), (sim.settings.__name__,)))
         docs["EnvConfig"].append((name, sim.settings.__name__, f"{sim.settings.__name__}()",

@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from vla_scale.envs.registry import SIMULATORS, simulator
+from vla_scale.models.registry import FAMILIES
 
 
 class ConfigError(ValueError):
@@ -37,56 +38,18 @@ class LoraConfig:
     an OpenVLA-OFT or RLinf LoRA checkpoint) merged into the policy's weights when it is loaded."""
 
 
-@dataclass
-class Pi0ModelConfig:
-    preset: str = "pi0_tiny"
-    """The π0 / π0.5 shape (models/pi0/spec.PRESETS): pi0, pi05 (openpi's 3.3B shapes) or pi0_tiny, pi05_tiny (CPU
-    tests); the keys below replace its fields where set."""
-    tokenizer: str = ""
-    """The PaliGemma SentencePiece model file (`paligemma_tokenizer.model`, what openpi downloads; any SentencePiece
-    model for tiny shapes, e.g. tests/fixtures/openpi_reference/tokenizer.model); required for model.family=pi0."""
-    action_horizon: int = 0
-    """Actions per chunk (0: the preset's; openpi: 50, LIBERO fine-tunes 10)."""
-    action_dim: int = 0
-    """The model's action and state size, a robot's zero-padded to it (0: the preset's; openpi: 32)."""
-    max_token_len: int = 0
-    """Prompt budget in tokens (0: the preset's; openpi: 48 for π0, 200 for π0.5)."""
-    num_steps: int = 0
-    """Euler steps of the denoising chain when sampling (0: the preset's, 10)."""
-    image_size: int = 0
-    """The SigLIP tower's image side in pixels; cameras are resized with padding to it (0: the preset's; openpi:
-    224, pi0_tiny: 28)."""
-    patch_size: int = 0
-    """The SigLIP tower's patch side in pixels; image_size must be a multiple of it (0: the preset's; openpi: 14)."""
-    normalization: str = ""
-    """How states and actions are normalised: zscore, quantile or '' (the family's: z-score for π0, quantiles for
-    π0.5)."""
-    norm_convention: str = ""
-    """Whose edge rules the normalisation follows: openpi (1e-6 added to every divisor and multiplied back),
-    lerobot (LeRobot's processor: 1e-8 added to the std, to q99 - q01 only where it is 0, float32) or '' (the
-    checkpoint's: lerobot for a LeRobot-layout folder, openpi otherwise)."""
-    rl_noise: str = "flow_sde"
-    """How an RL rollout (launch/train.py) makes the denoising chain stochastic so that its chunks have log-probs,
-    πRL's two methods: flow_sde (a step is the SDE transition of noise level model.pi0.noise_level,
-    objectives/flow_sde.py) or flow_noise (a step is the Euler step plus Gaussian noise whose std a small noise head
-    reads from the action expert's output, trained with the policy; objectives/flow_noise.py). Evaluation decodes
-    noise-free either way."""
-    noise_level: float = 0.5
-    """RL's Flow-SDE noise level a (objectives/flow_sde.py): with rl_noise=flow_sde the rollout of launch/train.py
-    makes one denoising step per chunk, drawn at random, a Gaussian transition of std a * sqrt(t / (1 - t)) *
-    sqrt(|dt|) (πRL's mixed ODE-SDE sampling); its log-prob is what GRPO trains. Evaluation decodes noise-free
-    whatever it is."""
-    stochastic_steps: str = ""
-    """Which denoising steps of an RL rollout's chain are stochastic: one per chunk, drawn at random (πRL's mixed
-    ODE-SDE sampling), all K of them (the chunk's log-prob sums every step's), or '' (the method's: one for
-    flow_sde, all for flow_noise, as πRL runs them)."""
-    noise_std_min: float = 0.08
-    """Flow-Noise's smallest std of a denoising step (the noise head's lower bound; RLinf's noise_logvar_range[0])."""
-    noise_std_max: float = 0.16
-    """Flow-Noise's largest std of a denoising step (the noise head's upper bound; RLinf's noise_logvar_range[1])."""
+def with_family_settings(cls: type) -> type:
+    """Give the model schema one field per policy family of the registry that has keys of its own, named after it
+    and holding its settings dataclass (`model.pi0.*`): a family's keys are declared in its folder, not here."""
+    for name, record in FAMILIES.items():
+        if record.settings is not None:
+            cls.__annotations__[name] = record.settings
+            setattr(cls, name, field(default_factory=record.settings))
+    return cls
 
 
 @dataclass
+@with_family_settings
 class ModelConfig:
     name: str = "tiny"
     """Name of the model preset (for run names and logs)."""
@@ -163,15 +126,14 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA: the adapters the actor trains (rank 0: none) and adapters to merge on load."""
     family: str = "oft"
-    """The policy family: oft (OpenVLA-OFT; the keys above) or pi0 (π0 and π0.5, flow matching; model.pi0.*)."""
+    """The policy family, a name of the family registry (models/registry.py): oft (OpenVLA-OFT; the keys above), or
+    one with keys of its own under model.<family>.* (the tables below)."""
     kernels: str = "eager"
     """The kernels of the policy's RMS norms, gated MLPs and rotary embeddings, in the actor's update and the rollout
     engine's decode, both families: eager (torch's ops, any device) or liger (Liger Kernel's Triton kernels, on a
     CUDA GPU only: less activation memory and fewer passes over it; the optional `kernels` extra, `pip install -e
     '.[kernels]'`). The parameters and checkpoints are the same either way; OFT's compiled decode on the GPU fuses
     these layers itself and keeps its kernels."""
-    pi0: Pi0ModelConfig = field(default_factory=Pi0ModelConfig)
-    """The π0 / π0.5 policy (model.family=pi0)."""
 
 
 @dataclass

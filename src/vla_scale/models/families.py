@@ -24,20 +24,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from vla_scale.models.family import PolicyFamily
+from vla_scale.models.registry import FAMILIES, checkpoint_titles
+
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 LEROBOT_PREFIX = "model."
 """LeRobot's policies hold openpi's `PI0Pytorch` as `self.model`, so every weight name starts with it."""
 PI0_ROOT = "paligemma_with_expert."
 OFT_ROOTS = ("language_model.", "vision_backbone.")
 OPENVLA_SIGNS = ("vision_backbone_id", "timm_model_ids", "llm_backbone_id")
-LEROBOT_TYPES = {"pi0": "pi0", "pi05": "pi05"}
-"""LeRobot's policy `type` -> our family."""
+LEROBOT_TYPES = {t: (record, variant) for record in FAMILIES.values() for t, variant in record.lerobot_types.items()}
+"""LeRobot's policy `type` -> the family that reads it and the checkpoint variant it is (the registry's records)."""
 
-Family = Literal["oft", "pi0", "pi05"]
+Family = str
+"""A checkpoint variant: a family's name, or one of its `variants` (π0.5's `pi05`)."""
 Layout = Literal["openpi", "lerobot", "openvla"]
-FAMILY_NAMES = {"oft": "OpenVLA-OFT", "pi0": "π0", "pi05": "π0.5"}
-RUN_FAMILIES = {"oft": "oft", "pi0": "pi0", "pi05": "pi0"}
-"""A checkpoint's family -> the `model.family` that loads it (π0.5 is π0's family with its flags)."""
+FAMILY_NAMES = checkpoint_titles()
 LAYOUT_NAMES = {"openpi": "openpi layout", "lerobot": "LeRobot layout", "openvla": "official OpenVLA layout"}
 MAX_HEADER = 100 * 2**20
 """A safetensors header longer than this is taken for a file of another kind."""
@@ -145,9 +147,12 @@ def checkpoint_family(folder: str | Path) -> FamilyFound:
             raise CheckpointFolderError(
                 f"{folder} is a LeRobot {lerobot_type!r} policy; vla_scale reads LeRobot's "
                 f"{sorted(LEROBOT_TYPES)} policies and OpenVLA-OFT checkpoints: convert it or pick another checkpoint")
-        family: Family = LEROBOT_TYPES[lerobot_type]  # type: ignore[assignment]
-        _check_pi0_weights(folder, f"config.json says LeRobot type {lerobot_type!r}", family, bare, pi0_keys,
-                           oft_keys)
+        record, family = LEROBOT_TYPES[lerobot_type]
+        said = f"config.json says LeRobot type {lerobot_type!r}"
+        if record.lerobot_weights == PI0_ROOT:
+            _check_pi0_weights(folder, said, family, bare, pi0_keys, oft_keys)
+        else:
+            _check_lerobot_weights(folder, said, record, bare)
         if not prefixed:
             raise CheckpointFolderError(f"{folder}: a LeRobot policy's weights are named `{LEROBOT_PREFIX}...`, these "
                                         f"are not (e.g. {_examples(names, 2)}): save it with LeRobot, or as an "
@@ -181,7 +186,7 @@ def checkpoint_family(folder: str | Path) -> FamilyFound:
         f"{folder} holds no checkpoint vla_scale knows: config.json keys {_examples(set(config))}, weights "
         f"{_examples(names)}. Known are OpenVLA-OFT folders (OpenVLA config.json, `language_model.` / "
         "`vision_backbone.` weights), openpi's π0 / π0.5 PyTorch folders (`paligemma_with_expert.` weights) and "
-        "LeRobot's `pi0` / `pi05` policies (config.json `type`)")
+        f"LeRobot's {' / '.join(f'`{t}`' for t in LEROBOT_TYPES)} policies (config.json `type`)")
 
 
 def _check_pi0_weights(folder: Path, said: str, family: Family, names: set[str], pi0_keys: set[str],
@@ -200,6 +205,16 @@ def _check_pi0_weights(folder: Path, said: str, family: Family, names: set[str],
             f"{folder}: {said} ({FAMILY_NAMES[family]}) but the weights are {FAMILY_NAMES[variant]}'s "
             f"({'time_mlp_in' if variant == 'pi05' else 'state_proj'}): fix config.json's type to "
             f"{variant!r}, or use the weights that belong to it")
+
+
+def _check_lerobot_weights(folder: Path, said: str, record: PolicyFamily, names: set[str]) -> None:
+    """A LeRobot folder of a family other than π0 must hold weights under the family's root, and no other family's."""
+    root = record.lerobot_weights
+    foreign = {n for n in names if n.startswith((PI0_ROOT, *OFT_ROOTS))}
+    if foreign or not any(n.startswith(root) for n in names):
+        raise CheckpointFolderError(
+            f"{folder}: {said} ({record.title}) but no weight is named `{LEROBOT_PREFIX}{root}...` (found "
+            f"{_examples(foreign or names)}): copy the policy's own model.safetensors beside its config.json")
 
 
 def found(family: Family, layout: Layout, detail: str) -> FamilyFound:

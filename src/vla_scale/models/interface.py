@@ -53,8 +53,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-POLICY_FAMILIES = ("oft", "pi0")
-"""`model.family`: OpenVLA-OFT (`models/oft/pretrained.py`), π0 and π0.5 (`models/pi0/source.py`)."""
+from vla_scale.models.registry import FAMILIES
+
+POLICY_FAMILIES = tuple(FAMILIES)
+"""`model.family`: the families of the registry (`models/registry.py`)."""
 
 if TYPE_CHECKING:
     import torch

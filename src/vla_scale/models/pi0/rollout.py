@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vla_scale.envs.types import Observation
+from vla_scale.models.flow.settings import RL_NOISES, resolved_stochastic_steps
 from vla_scale.models.interface import DecodingEngine
 from vla_scale.models.pi0.demonstrations import pad_last, resize_with_pad
 from vla_scale.models.pi0.normalize import Pi0Normalizer
@@ -53,9 +54,6 @@ from vla_scale.models.pi0.policy import FlowChain, Pi0Inputs, Pi0Policy, pixels_
 from vla_scale.models.pi0.spec import Pi0Spec
 from vla_scale.models.pi0.tokenizer import PaliGemmaTokenizer
 from vla_scale.objectives.flow_sde import action_mask, euler_times, sde_sigma
-
-RL_NOISES = ("flow_sde", "flow_noise")
-"""`model.pi0.rl_noise`: how an RL rollout's chain is made stochastic (πRL's two methods)."""
 
 
 @dataclass(frozen=True)
@@ -130,24 +128,6 @@ def chunk_mask(spec: Pi0Spec, env_action_dim: int, actions_per_chunk: int) -> Te
     """bool[H, D]: where a chunk's log-prob counts, the played steps of the horizon and the robot's action dims."""
     played = torch.arange(spec.action_horizon) < actions_per_chunk
     return action_mask(spec.action_horizon, spec.action_dim, env_action_dim) & played[:, None]
-
-
-STOCHASTIC_STEPS = ("one", "all")
-"""`model.pi0.stochastic_steps`: one random stochastic step per chunk (πRL's mixed ODE-SDE sampling), or all K."""
-METHOD_STEPS = {"flow_sde": "one", "flow_noise": "all"}
-"""What `stochastic_steps=''` means for each method: πRL's Flow-SDE runs mixed ODE-SDE sampling, its Flow-Noise scores
-the whole chain (RLinf's Flow-Noise configurations set `joint_logprob`)."""
-
-
-def resolved_stochastic_steps(stochastic_steps: str, rl_noise: str) -> str:
-    """`stochastic_steps`, '' resolved to the method's (`METHOD_STEPS`); ValueError naming the key for an unknown
-    value of either."""
-    if rl_noise not in RL_NOISES:
-        raise ValueError(f"rl_noise={rl_noise!r}: choose one of {RL_NOISES}")
-    if stochastic_steps not in ("", *STOCHASTIC_STEPS):
-        raise ValueError(f"stochastic_steps={stochastic_steps!r}: choose one of {STOCHASTIC_STEPS} (or '': "
-                         "the method's)")
-    return stochastic_steps or METHOD_STEPS[rl_noise]
 
 
 def one_stochastic_step(step: Tensor, num_steps: int) -> Tensor:
