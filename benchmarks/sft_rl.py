@@ -1,5 +1,5 @@
 """From demonstrations to a better policy, as a new user runs it, for several seeds: on the embedded pick_place task
-or on Meta-World's MT10 (`--env`), with the tiny OFT policy or the tiny π0 (`--family`), GRPO or PPO (`--algo`).
+or on Meta-World's MT10 (`--env`), with the tiny OFT policy, the tiny π0 or the tiny SmolVLA (`--family`), GRPO or PPO (`--algo`).
 
     python benchmarks/sft_rl.py --seeds 0 1 2                                  # pick_place, OFT, PPO
     python benchmarks/sft_rl.py --env metaworld_mt10 --family pi0 --algo grpo --seeds 0
@@ -19,7 +19,7 @@ machine. Everything a run writes stays in `--out/seed_<s>/`, with each phase's m
 `--sft-from <earlier out>` reuses an earlier run's demonstrations and SFT policies (another RL from the same start),
 counting their minutes as measured. Prints one row per seed, a row per task (SFT -> RL, each seed) where the env
 has several, and per seed the line
-`sft_rl: env=<env> [obs=<observation>] family=<oft|pi0> algo=<grpo|ppo> seed=<s> sft=<x.xx> rl=<y.yy>
+`sft_rl: env=<env> [obs=<observation>] family=<oft|pi0|smolvla> algo=<grpo|ppo> seed=<s> sft=<x.xx> rl=<y.yy>
 episodes=<n> minutes=<m>` (obs on Meta-World; episodes: each evaluation's; minutes: the wall time of the
 demonstrations, SFT and RL commands, the evaluations not counted; the line's figures are cut, never rounded up,
 the table's have three decimals).
@@ -45,19 +45,22 @@ PICK_PLACE_POLICIES = {
     "oft": ["model=tiny_pick_place", "model.attention=bidirectional", "model.use_film=true"],
     "pi0": ["model=pi0_tiny", f"model.pi0.tokenizer={ROOT / 'tests/fixtures/openpi_reference/tokenizer.model'}",
             "model.pi0.max_token_len=24", "model.pi0.image_size=32", "model.pi0.patch_size=8"],
+    "smolvla": ["model=smolvla_tiny"],
 }
 """pick_place's policy of each family (`--family`). OFT: the tiny policy with every position attending to every
 other and the vision FiLMed by the prompt, the two letting the image patches read the instruction
 (docs/performance.md, "Where the cube's word is needed"). π0: the tiny π0 (two 2-layer Gemmas) with 16 patches of
-8 px per 32 px image, the parity fixture's SentencePiece model and room for pick_place's prompts."""
+8 px per 32 px image, the parity fixture's SentencePiece model and room for pick_place's prompts. SmolVLA: the tiny
+SmolVLA (4 VLM layers 32 wide, a 24-wide expert, 32 px images) with the parity fixture's tokenizer."""
 METAWORLD_POLICIES = {
     "oft": ["model=tiny_metaworld", "model.attention=bidirectional", "model.use_film=true"],
     "pi0": ["model=pi0_tiny", f"model.pi0.tokenizer={ROOT / 'tests/fixtures/openpi_reference/tokenizer.model'}",
             "model.pi0.max_token_len=32", "model.pi0.image_size=32", "model.pi0.patch_size=8",
             "model.pi0.action_horizon=8"],
+    "smolvla": ["model=smolvla_tiny", "model.smolvla.chunk_size=8"],
 }
-"""Meta-World's: the same two, on its one 64 px corner2 camera, 4-D actions and state, chunks of 8; π0's prompt
-budget holds MT10's instructions."""
+"""Meta-World's: the same three, on its one 64 px corner2 camera, 4-D actions and state, chunks of 8; π0's and
+SmolVLA's prompt budgets hold MT10's instructions."""
 RL = {"ppo": ["algo=ppo", "algo.mini_batches=4", "algo.micro_batches=1", "algo.lr=1e-4", "algo.temperature=1.0",
               "algo.critic.warmup_steps=5"],
       "grpo": ["algo=grpo", "algo.mini_batches=4", "algo.micro_batches=1", "algo.lr=1e-4", "algo.temperature=1.0"]}
@@ -100,7 +103,8 @@ RECIPES = {
         policies=METAWORLD_POLICIES, demos=200, first_steps=0, sft_steps=2000, sft_lr=1e-3, rl_steps=30,
         eval_states=50,
         algo_rl={"grpo": ["algo.batch_size=10"], "ppo": ["algo.batch_size=80"]},
-        family_rl={"oft": ["algo.lr=3e-4"], "pi0": ["model.pi0.rl_noise=flow_noise"]},
+        family_rl={"oft": ["algo.lr=3e-4"], "pi0": ["model.pi0.rl_noise=flow_noise"],
+                   "smolvla": ["model.smolvla.rl_noise=flow_noise"]},
         rl_env=["env.max_steps=200"],
         dry_run=["env.num_tasks=2", "env.num_eval_init_states=1", "env.max_steps=60", "env.camera_resolution=32"]),
 }
@@ -110,7 +114,7 @@ examples on the first 8 steps of each demonstration, then 1000 on whole demonstr
 noise-free expert demonstrations a task (docs/performance.md says why so few), 2000 SFT steps on whole
 demonstrations, 30 RL steps of 80 episodes cut at 200 steps (a failure costs 200 env steps, not 500; GRPO: 10
 groups of 8, each of the ten tasks once a group; PPO: 80 episodes of groups of one, each task 8 times), OFT at lr
-3e-4, π0 with Flow-Noise (the levers that moved each most on seed 0 under `agent`: docs/performance.md), and every
+3e-4, π0 and SmolVLA with Flow-Noise (the levers that moved each most on seed 0 under `agent`: docs/performance.md), and every
 evaluation on 50 held-out placements a task (500 episodes)."""
 
 
@@ -135,7 +139,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--sft-lr", type=float, help="supervised learning rate")
     p.add_argument("--sft-args", nargs="*", default=[], help="more launch/sft.py overrides of every SFT stage")
     p.add_argument("--rl-steps", type=int, help="RL steps from the SFT policy (0: stop after the SFT policy's eval)")
-    p.add_argument("--family", choices=["oft", "pi0"], default="oft", help="the policy family")
+    p.add_argument("--family", choices=["oft", "pi0", "smolvla"], default="oft", help="the policy family")
     p.add_argument("--algo", choices=sorted(RL), default="ppo", help="the RL algorithm")
     p.add_argument("--rl-args", nargs="*", default=[], help="more launch/train.py overrides of the RL run")
     p.add_argument("--sft-from", default="",

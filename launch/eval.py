@@ -17,7 +17,7 @@ launch/sft.py.
 
 model.checkpoint= the policy to evaluate: a run directory of launch/train.py (its latest checkpoint), one of its
 `checkpoints/step_<k>` folders, an OpenVLA-OFT folder, a π0 / π0.5 folder (openpi's or LeRobot's layout; decoded
-noise-free: `models/pi0/rollout.py`) or a hub id (README). Without it a freshly initialised policy is
+noise-free: `models/flow/rollout.py`) or a hub id (README). Without it a freshly initialised policy is
 evaluated: a smoke run of the whole path. Example:
 
     python launch/eval.py env=libero_spatial model.checkpoint=runs/my_run

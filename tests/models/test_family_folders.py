@@ -17,8 +17,8 @@ from vla_scale.config import ModelConfig
 SRC = Path(__file__).resolve().parents[2] / "src" / "vla_scale"
 SHARED = ["rollout/engine.py", "rollout/env_loop.py", "rollout/stack.py", "parallel/actor/zero3.py", "batches.py",
           "trainer.py", "run_setup.py", "algo/base.py", "algo/ppo.py"]
-FAMILY_NAMES = {"OFTPolicy", "PretrainedVLA", "Pi0Policy", "Pi0Source", "OFTDecoder", "OFTScorer", "Pi0Decoder",
-                "Pi0Scorer"}
+FAMILY_NAMES = {"OFTPolicy", "PretrainedVLA", "Pi0Policy", "Pi0Source", "OFTDecoder", "OFTScorer", "FlowDecoder",
+                "FlowScorer", "FlowPolicy", "FlowSource"}
 
 
 def _family_references(path: Path) -> list[str]:
@@ -43,12 +43,12 @@ def test_shared_code_names_no_family(module: str) -> None:
 
 
 def test_each_family_hands_out_its_decoder_and_scorer() -> None:
+    from vla_scale.models.flow.rollout import FlowDecoder, FlowScorer
     from vla_scale.models.oft.decode import OFTDecoder, OFTScorer
-    from vla_scale.models.pi0.rollout import Pi0Decoder, Pi0Scorer
 
-    for decoder in (OFTDecoder, Pi0Decoder):
+    for decoder in (OFTDecoder, FlowDecoder):
         assert callable(decoder.decode) and callable(decoder.fast_forward)
-    for scorer in (OFTScorer, Pi0Scorer):
+    for scorer in (OFTScorer, FlowScorer):
         assert callable(scorer.logprobs)
     assert (SRC / "models" / "oft" / "policy.py").exists() and not (SRC / "models" / "policy.py").exists()
     assert (SRC / "models" / "oft" / "fast_forward.py").exists() and not (SRC / "rollout" / "fast_forward.py").exists()
@@ -66,23 +66,36 @@ def test_a_log_prob_counts_when_the_first_action_it_covers_ran() -> None:
         logprob_mask(executed, 3, model)
 
 
-@pytest.mark.parametrize("family", ["oft", "pi0"])
+@pytest.mark.parametrize("family", ["oft", "pi0", "smolvla"])
 def test_every_family_is_registered_with_its_folder_and_a_model_config(family: str) -> None:
     from vla_scale.models.interface import POLICY_FAMILIES
     from vla_scale.models.registry import FAMILIES
 
-    assert set(POLICY_FAMILIES) == set(FAMILIES) == {"oft", "pi0"}
+    assert set(POLICY_FAMILIES) == set(FAMILIES) == {"oft", "pi0", "smolvla"}
     record = FAMILIES[family]
     assert callable(record.source_for_env()) and callable(record.resolved_model_config())
     from vla_scale.models.oft.pretrained import PretrainedVLA
     from vla_scale.models.pi0.source import Pi0Source
+    from vla_scale.models.smolvla.source import SmolVLASource
 
-    source = {"oft": PretrainedVLA, "pi0": Pi0Source}[family]
-    for member in (source.chunk_decoder, source.chunk_scorer):  # the family's own, from its folder
-        assert f"from vla_scale.models.{family}." in inspect.getsource(member), member
+    source = {"oft": PretrainedVLA, "pi0": Pi0Source, "smolvla": SmolVLASource}[family]
+    for member in (source.chunk_decoder, source.chunk_scorer):  # the family's own, or the flow families' shared
+        assert any(f"from vla_scale.models.{folder}." in inspect.getsource(member) for folder in (family, "flow")), \
+            member
     configs = SRC.parents[1] / "configs" / "model"
     assert any(f"family: {family}" in p.read_text() or (family == "oft" and "family:" not in p.read_text())
                for p in configs.glob("*.yaml"))
     page = (SRC.parents[1] / "docs" / "ARCHITECTURE.md").read_text()
     section = page.split("### Adding a family", 1)[1].split("\n### ", 1)[0]
     assert f"`models/{family}/`" in section
+
+
+def test_the_third_family_is_its_folder_and_one_registry_entry() -> None:
+    """SmolVLA came in as `models/smolvla/` and its line in `models/registry.py`: no other module of the package
+    names it (the schema, the checks, the docs, `run_policy` and `checkpoint_family` read the registry's records)."""
+    named = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if "smolvla" in p.read_text().lower()
+             and p.parent.name != "smolvla" and p.name != "registry.py"]
+    assert named == []
+    top = {p.stem for p in (SRC / "models").glob("*.py")}
+    assert top == {"__init__", "checkpoint_folders", "critic", "families", "family", "fp8", "hub", "interface",
+                   "kernels", "lerobot_folders", "liger", "lora", "registry", "tokenizer"}, "a family's module at the top"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from vla_scale.models.pi0.normalize import NormStats, Pi0Normalizer, read_norm_stats
+from vla_scale.models.flow.normalize import FlowNormalizer, NormStats, read_norm_stats
 from vla_scale.models.pi0.policy import Pi0Inputs, Pi0Policy, attention_allowed, time_embedding
 from vla_scale.models.pi0.spec import GemmaSpec, check_spec, pi0_spec, spec_from_openpi, tiny_spec
 from vla_scale.models.pi0.tokenizer import PaliGemmaTokenizer, discretize_state
@@ -354,8 +354,8 @@ def test_normalisation_round_trips_both_ways_and_follows_openpi_edge_rules(tmp_p
     (tmp_path / "norm_stats.json").write_text(json.dumps(STATS))
     stats = read_norm_stats(tmp_path)
     x = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
-    z = Pi0Normalizer(stats, "zscore")
-    q = Pi0Normalizer(stats, "quantile")
+    z = FlowNormalizer(stats, "zscore")
+    q = FlowNormalizer(stats, "quantile")
     np.testing.assert_array_equal(z.normalize("state", x), (x - stats["state"].mean) / (stats["state"].std + 1e-6))
     expected_q = (x - np.array([-1.0, -3.0, 0.0])) / (np.array([4.0, 4.0, 4.0]) + 1e-6) * 2.0 - 1.0
     np.testing.assert_array_equal(q.normalize("state", x), expected_q)
@@ -368,7 +368,7 @@ def test_normalisation_round_trips_both_ways_and_follows_openpi_edge_rules(tmp_p
     np.testing.assert_array_equal(q.unnormalize("actions", wide)[:, 2:], np.ones((2, 2)))
     assert z.normalize("state", x[:, :2]).shape == (5, 2)
     with pytest.raises(ValueError, match="q01 and q99"):
-        Pi0Normalizer({"state": NormStats.from_json({"mean": [0.0], "std": [1.0]})}, "quantile")
+        FlowNormalizer({"state": NormStats.from_json({"mean": [0.0], "std": [1.0]})}, "quantile")
     with pytest.raises(KeyError, match="'velocity'"):
         z.normalize("velocity", x)
 

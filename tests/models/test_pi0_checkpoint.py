@@ -16,6 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from vla_scale.models.families import CheckpointFolderError, checkpoint_family
+from vla_scale.models.flow.normalize import FlowNormalizer, NormStats
 from vla_scale.models.pi0 import checkpoint
 from vla_scale.models.pi0.checkpoint import (
     EMBED,
@@ -24,7 +25,6 @@ from vla_scale.models.pi0.checkpoint import (
     read_pi0_folder,
     write_pi0_folder,
 )
-from vla_scale.models.pi0.normalize import NormStats, Pi0Normalizer
 from vla_scale.models.pi0.policy import Pi0Inputs, Pi0Policy
 from vla_scale.models.pi0.spec import tiny_spec
 
@@ -104,8 +104,8 @@ def test_a_written_folder_reads_back_bit_for_bit(tmp_path, layout, pi05):
     assert torch.equal(actions(loaded), actions(policy))
     mode = spec.resolved_normalization
     out = actions(policy).numpy()
-    assert np.array_equal(Pi0Normalizer(read_stats, mode).unnormalize("actions", out),
-                          Pi0Normalizer(norm, mode).unnormalize("actions", out))
+    assert np.array_equal(FlowNormalizer(read_stats, mode).unnormalize("actions", out),
+                          FlowNormalizer(norm, mode).unnormalize("actions", out))
 
 
 def test_the_openpi_layout_is_what_openpis_conversion_writes(tmp_path):

@@ -1,4 +1,4 @@
-"""π0's normalisation by LeRobot's edge rules (`Pi0Normalizer(..., convention="lerobot")`) gives what LeRobot 0.4.4's
+"""π0's normalisation by LeRobot's edge rules (`FlowNormalizer(..., convention="lerobot")`) gives what LeRobot 0.4.4's
 own processor steps gave (tests/fixtures/lerobot_reference/make_normalization.py ran them), bit for bit, where
 openpi's rules differ; a LeRobot folder is read with them and `model.pi0.norm_convention` chooses."""
 
@@ -12,8 +12,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from vla_scale.config import ConfigError, EnvConfig, ModelConfig
+from vla_scale.models.flow.normalize import FlowNormalizer, NormStats
 from vla_scale.models.pi0.checkpoint import read_pi0_folder, write_pi0_folder
-from vla_scale.models.pi0.normalize import NormStats, Pi0Normalizer
 from vla_scale.models.pi0.policy import Pi0Policy
 from vla_scale.models.pi0.run import source_for_env as pi0_source_for_env
 from vla_scale.models.pi0.spec import tiny_spec
@@ -33,7 +33,7 @@ def reference_stats(case: str) -> dict[str, NormStats]:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_lerobots_rules_give_lerobots_numbers_bit_for_bit(case: str) -> None:
-    norm = Pi0Normalizer(reference_stats(case), CASES[case], convention="lerobot")
+    norm = FlowNormalizer(reference_stats(case), CASES[case], convention="lerobot")
     state, action, model_action = (REFERENCE[f"{case}.{k}"] for k in ("state", "action", "model_action"))
     for ours, theirs in ((norm.normalize("state", state), REFERENCE[f"{case}.state_normalized"]),
                          (norm.normalize("actions", action), REFERENCE[f"{case}.action_normalized"]),
@@ -50,7 +50,7 @@ def test_lerobots_rules_give_lerobots_numbers_bit_for_bit(case: str) -> None:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_openpis_rules_differ_from_lerobots_on_the_same_statistics(case: str) -> None:
     """What the choice is for: with a std of 0 or a range of 0, openpi's 1e-6 and LeRobot's 1e-8 part ways by far."""
-    openpi = Pi0Normalizer(reference_stats(case), CASES[case], convention="openpi")
+    openpi = FlowNormalizer(reference_stats(case), CASES[case], convention="openpi")
     theirs = REFERENCE[f"{case}.state_normalized"]
     ours = openpi.normalize("state", REFERENCE[f"{case}.state"].astype(np.float64))
     zero = 1 if case == "mean_std" else 2  # the fixture's constant dimension of each mode
@@ -61,7 +61,7 @@ def test_openpis_rules_differ_from_lerobots_on_the_same_statistics(case: str) ->
 
 def test_an_unknown_convention_is_refused() -> None:
     with pytest.raises(ValueError, match="choose one of"):
-        Pi0Normalizer(reference_stats("mean_std"), "zscore", convention="jax")
+        FlowNormalizer(reference_stats("mean_std"), "zscore", convention="jax")
 
 
 def test_a_lerobot_folder_normalises_as_lerobot_and_the_key_chooses(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(bool(_absent), reason=f"openpi fixture not in {F
 
 from safetensors.torch import load_file  # noqa: E402
 
-from vla_scale.models.pi0.normalize import NormStats, Pi0Normalizer  # noqa: E402
+from vla_scale.models.flow.normalize import FlowNormalizer, NormStats  # noqa: E402
 from vla_scale.models.pi0.policy import Pi0Inputs, Pi0Policy, pixels_from_uint8  # noqa: E402
 from vla_scale.models.pi0.tokenizer import PaliGemmaTokenizer, discretize_state  # noqa: E402
 
@@ -125,7 +125,7 @@ def fixture_stats() -> dict[str, NormStats]:
 
 def test_env_actions_are_openpis_unnormalised_actions(reference):
     _, policy, _, case, _ = reference
-    normalizer = Pi0Normalizer(fixture_stats(), policy.spec.resolved_normalization)
+    normalizer = FlowNormalizer(fixture_stats(), policy.spec.resolved_normalization)
     env = case["env_actions"].numpy()
     theirs = normalizer.unnormalize("actions", case["actions"].numpy())[..., : env.shape[-1]]
     np.testing.assert_array_equal(theirs, env)
@@ -135,7 +135,7 @@ def test_normalisation_is_openpis_exactly():
     doc = json.loads((FIXTURE / "norm_case.json").read_text())
     stats = fixture_stats()
     for mode in doc["modes"]:
-        norm = Pi0Normalizer(stats, "quantile" if mode["use_quantiles"] else "zscore")
+        norm = FlowNormalizer(stats, "quantile" if mode["use_quantiles"] else "zscore")
         for key in ("state", "actions"):
             x = np.asarray(mode["normalize"]["input"][key], dtype=np.float32)
             normed = norm.normalize(key, x)

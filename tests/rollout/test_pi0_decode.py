@@ -11,9 +11,9 @@ import torch
 
 from vla_scale.envs.registry import simulator
 from vla_scale.envs.types import Observation
+from vla_scale.models.flow.normalize import NormStats
 from vla_scale.models.pi0.checkpoint import write_pi0_folder
 from vla_scale.models.pi0.demonstrations import pad_last, resize_with_pad
-from vla_scale.models.pi0.normalize import NormStats
 from vla_scale.models.pi0.policy import Pi0Policy
 from vla_scale.models.pi0.source import Pi0Source
 from vla_scale.models.pi0.spec import tiny_spec

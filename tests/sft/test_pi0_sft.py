@@ -139,8 +139,8 @@ def test_model_checkpoint_picks_the_family_from_the_folder_and_fine_tunes_its_we
     import torch
 
     from vla_scale.config import EnvConfig, ModelConfig
+    from vla_scale.models.flow.normalize import norm_stats_of
     from vla_scale.models.pi0.checkpoint import write_pi0_folder
-    from vla_scale.models.pi0.normalize import norm_stats_of
     from vla_scale.models.pi0.policy import Pi0Policy
     from vla_scale.models.pi0.spec import PRESETS
     from vla_scale.run_policy import vla_for_env

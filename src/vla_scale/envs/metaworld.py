@@ -13,7 +13,7 @@ As LeRobot's Meta-World env and dataset (`lerobot/envs/metaworld.py`, `lerobot/m
 - the goal observable in Meta-World's 39-D observation, as its multi-task benchmarks build it
   (`partially_observable=False`), kept beside the image in demonstrations (`observation.environment_state`);
 - the instruction of a task is LeRobot's task description, the difficulty groups (easy 28, medium 11, hard 6, very
-  hard 5) LeRobot's and SmolVLA's split of MT50;
+  hard 5) LeRobot's split of MT50, the one its VLA papers report;
 - success is the env's own `info["success"]`; an episode ends at its first success or after `max_steps` steps
   (Meta-World's `max_path_length`, 500, what LeRobot's evaluation plays).
 
@@ -80,7 +80,7 @@ DIFFICULTY = {
     "hard": ("assembly-v3", "hand-insert-v3", "pick-out-of-hole-v3", "pick-place-v3", "push-v3", "push-back-v3"),
     "very_hard": ("shelf-place-v3", "disassemble-v3", "stick-pull-v3", "stick-push-v3", "pick-place-wall-v3"),
 }
-"""The difficulty groups of MT50 that LeRobot's and SmolVLA's evaluations report (LeRobot's metaworld_config.json)."""
+"""The difficulty groups of MT50 that LeRobot's evaluations report (LeRobot's metaworld_config.json)."""
 
 INSTRUCTIONS = {
     "assembly-v3": "Pick up a nut and place it onto a peg",

@@ -106,7 +106,8 @@ class Demonstrations(Protocol):
 
 
 class RolloutProcessor(Protocol):
-    """Observations -> a family's model inputs (OFT: `models/oft/processor.Processor`; π0: `models/pi0/rollout.py`)."""
+    """Observations -> a family's model inputs (OFT: `models/oft/processor.Processor`; flow families:
+    `models/flow/rollout.py`)."""
 
     def prepare(self, observations: list[Any], prepared: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(images uint8 [B, cameras, S, S, 3] as the policy sees them, raw proprio [B, d]): what a rollout records."""

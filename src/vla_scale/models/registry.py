@@ -10,8 +10,9 @@ from __future__ import annotations
 from vla_scale.models.family import PolicyFamily
 from vla_scale.models.oft import family as oft
 from vla_scale.models.pi0 import family as pi0
+from vla_scale.models.smolvla import family as smolvla
 
-FAMILIES: dict[str, PolicyFamily] = {record.name: record for record in (oft.FAMILY, pi0.FAMILY)}
+FAMILIES: dict[str, PolicyFamily] = {record.name: record for record in (oft.FAMILY, pi0.FAMILY, smolvla.FAMILY)}
 
 
 def policy_family(name: str) -> PolicyFamily:

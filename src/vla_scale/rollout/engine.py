@@ -5,7 +5,7 @@ every output carries the policy version it was decoded with, so stale samples ca
 
 The family's `ChunkDecoder` (`models/interface.py`: `PolicySource.chunk_decoder()`) turns a batch into a chunk with
 the engine's policy and seeded generator: OFT's (`models/oft/decode.OFTDecoder`) samples the action head's
-distribution over the engine's logits; π0's / π0.5's (`models/pi0/rollout.Pi0Decoder`) runs noise-free
+distribution over the engine's logits; π0's / π0.5's (`models/flow/rollout.FlowDecoder`) runs noise-free
 `sample_actions` for evaluation and a Flow-SDE / Flow-Noise chain for RL (its record in `Decoded.sampled`, kept per
 chunk by the env loop for the update). The engine computes logits two ways: the policy's own forward (`fast=False`,
 the default on CPU, bitwise what the actor recomputes) and the fast forward the decoder builds where the family has

@@ -9,17 +9,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from vla_scale.models.pi0.normalize import NormStats, Pi0Normalizer
+    from vla_scale.models.flow.normalize import FlowNormalizer, NormStats
     from vla_scale.models.pi0.policy import Pi0Inputs, Pi0Policy
     from vla_scale.models.pi0.spec import Pi0Spec
     from vla_scale.models.pi0.tokenizer import PaliGemmaTokenizer
 
 _HOMES = {
-    "NormStats": "normalize", "Pi0Normalizer": "normalize", "Pi0Inputs": "policy", "Pi0Policy": "policy",
+    "NormStats": "normalize", "FlowNormalizer": "normalize", "Pi0Inputs": "policy", "Pi0Policy": "policy",
     "Pi0Spec": "spec", "PaliGemmaTokenizer": "tokenizer",
 }
 
-__all__ = ["NormStats", "PaliGemmaTokenizer", "Pi0Inputs", "Pi0Normalizer", "Pi0Policy", "Pi0Spec"]
+__all__ = ["NormStats", "PaliGemmaTokenizer", "Pi0Inputs", "FlowNormalizer", "Pi0Policy", "Pi0Spec"]
 
 
 def __getattr__(name: str) -> Any:

@@ -39,7 +39,7 @@ Flow-Noise run that starts from the folder.
 Statistics are returned as openpi names them (`state`, `actions`). LeRobot's own normaliser differs from openpi's in
 its epsilon (1e-8 where openpi adds 1e-6 to the divisor, and none to q99 - q01 unless it is 0); the statistics are
 the same either way, and a LeRobot folder's spec says `norm_convention="lerobot"` so that its policy normalises as
-LeRobot does (models/pi0/normalize.py; `model.pi0.norm_convention` chooses otherwise). We write LeRobot's
+LeRobot does (models/flow/normalize.py; `model.pi0.norm_convention` chooses otherwise). We write LeRobot's
 statistics as float64 (LeRobot reads any float) so that the round trip is exact.
 """
 
@@ -51,11 +51,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import sentencepiece
 import torch
-from safetensors.numpy import load_file as load_numpy
-from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file, save_file
 
 from vla_scale.models.families import (
@@ -70,10 +67,20 @@ from vla_scale.models.families import (
     weight_files,
     weight_shapes,
 )
+from vla_scale.models.flow.normalize import NormStats, read_norm_stats
+from vla_scale.models.lerobot_folders import (
+    DEVICE_STEP,
+    LEROBOT_MODES,
+    POSTPROCESSOR,
+    PREPROCESSOR,
+    normaliser_step,
+    read_processor_stats,
+    tokenizer_step,
+    write_pipelines,
+)
 from vla_scale.models.pi0.noise_head import FILE as NOISE_HEAD_FILE
 from vla_scale.models.pi0.noise_head import PREFIX as NOISE_HEAD_PREFIX
 from vla_scale.models.pi0.noise_head import STD_BOUNDS, NoiseHead
-from vla_scale.models.pi0.normalize import NormStats, read_norm_stats
 from vla_scale.models.pi0.policy import Pi0Policy
 from vla_scale.models.pi0.spec import GEMMA_VARIANTS, GemmaSpec, Pi0Spec, check_spec, spec_from_openpi
 
@@ -81,11 +88,6 @@ SIDE = "vla_scale.json"
 ASSETS, NORM_STATS = "assets", "norm_stats.json"
 TOKENIZERS = ("tokenizer.model", "paligemma_tokenizer.model")
 """A SentencePiece model beside the weights, under either name; we write the first."""
-PREPROCESSOR, POSTPROCESSOR = "policy_preprocessor", "policy_postprocessor"
-LEROBOT_KEYS = {"observation.state": "state", "action": "actions"}
-"""LeRobot's feature names -> openpi's norm-stats keys."""
-LEROBOT_MODES = {"MEAN_STD": "zscore", "QUANTILES": "quantile"}
-"""LeRobot's normalisation modes that openpi's two rules match; IDENTITY, MIN_MAX and QUANTILE10 do not."""
 OPENPI_CAMERAS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 CUSTOM_VARIANT = "vla_scale_custom"
 """Written as a Gemma variant that neither openpi nor LeRobot has (tiny shapes); `vla_scale.json` holds the shapes."""
@@ -120,7 +122,7 @@ def read_pi0_folder(folder: str | Path, asset_id: str | None = None, load: bool 
         steps = None
     else:
         spec, steps = _lerobot_spec(folder, config, side, found.family == "pi05")
-        stats = _lerobot_stats(folder)
+        stats = read_processor_stats(folder)
     stats_problems(stats, spec, str(folder))
     tokenizer = _tokenizer_in(folder, spec)
     prefix = LEROBOT_PREFIX if found.layout == "lerobot" else ""
@@ -224,52 +226,6 @@ def _openpi_stats(folder: Path, asset_id: str | None) -> tuple[dict[str, NormSta
         return read_norm_stats(path), asset_id
     except (ValueError, KeyError, TypeError) as error:
         raise CheckpointFolderError(f"{path} is not openpi's norm_stats.json layout: {error}") from None
-
-
-def _lerobot_stats(folder: Path) -> dict[str, NormStats]:
-    """State and action statistics from the pre-processor's normaliser (actions also from the post-processor's)."""
-    files = [_normaliser_file(folder, PREPROCESSOR, "normalizer_processor"),
-             _normaliser_file(folder, POSTPROCESSOR, "unnormalizer_processor")]
-    if not any(files):
-        raise CheckpointFolderError(
-            f"{folder} has no normalisation statistics: looked for {PREPROCESSOR}.json's normalizer_processor step and "
-            f"its {PREPROCESSOR}_step_<i>_normalizer_processor.safetensors (and {POSTPROCESSOR}'s unnormalizer): "
-            "copy the processor files LeRobot saved beside the policy")
-    by_feature: dict[str, dict[str, list[float]]] = {}
-    for file in files:
-        if file is None:
-            continue
-        try:
-            flat = load_numpy(str(file))
-        except Exception as error:  # safetensors raises its own error types
-            raise CheckpointFolderError(f"{file} is not a safetensors file of statistics: {error}") from None
-        for name, values in flat.items():
-            feature, stat = name.rsplit(".", 1)
-            if feature in LEROBOT_KEYS:
-                by_feature.setdefault(feature, {}).setdefault(stat, values.astype(np.float64).reshape(-1).tolist())
-    lacking = sorted(set(LEROBOT_KEYS) - set(by_feature))
-    if lacking:
-        raise CheckpointFolderError(f"{folder}: the processor statistics lack {lacking} (found "
-                                    f"{sorted(by_feature) or 'none'} in {[str(f) for f in files if f]})")
-    try:
-        return {LEROBOT_KEYS[f]: NormStats.from_json(stats) for f, stats in by_feature.items()}
-    except ValueError as error:
-        raise CheckpointFolderError(f"{folder}: processor statistics: {error}") from None
-
-
-def _normaliser_file(folder: Path, pipeline: str, step: str) -> Path | None:
-    """The statistics file of `pipeline`.json's `step`, or of its name pattern when the JSON is absent."""
-    if (folder / f"{pipeline}.json").exists():
-        for entry in read_json(folder / f"{pipeline}.json").get("steps", []):
-            if entry.get("registry_name") == step and entry.get("state_file"):
-                path = folder / entry["state_file"]
-                if not path.exists():
-                    raise CheckpointFolderError(f"{folder}/{pipeline}.json names {entry['state_file']}, which is "
-                                                "missing: copy it from where the policy was saved")
-                return path
-        return None
-    matches = sorted(folder.glob(f"{pipeline}_step_*_{step}.safetensors"))
-    return matches[0] if matches else None
 
 
 def stats_problems(stats: dict[str, NormStats], spec: Pi0Spec, source: str) -> None:
@@ -489,39 +445,18 @@ def lerobot_config(spec: Pi0Spec, stats: dict[str, NormStats], dtype: str) -> di
 
 
 def _write_lerobot_processors(folder: Path, spec: Pi0Spec, stats: dict[str, NormStats]) -> None:
-    """LeRobot's two pipelines as its `save_pretrained` lays them out; only the normalisers carry state."""
+    """LeRobot's two pipelines of a pi0 / pi05 policy as its `save_pretrained` lays them out."""
     inputs, outputs = _lerobot_features(spec, stats)
-    mode = _lerobot_mode(spec)
-    normaliser = {"eps": 1e-8, "features": {**inputs, **outputs},
-                  "norm_map": {"VISUAL": "IDENTITY", "STATE": mode, "ACTION": mode}}
-    tokenizer = {"registry_name": "tokenizer_processor",
-                 "config": {"max_length": spec.max_token_len, "task_key": "task", "padding_side": "right",
-                            "padding": "max_length", "truncation": True,
-                            "tokenizer_name": "google/paligemma-3b-pt-224"}}
-    device = {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}
+    norm = normaliser_step({**inputs, **outputs}, spec.resolved_normalization)
+    tokenizer = tokenizer_step(spec.max_token_len, "google/paligemma-3b-pt-224", "max_length")
     head = [{"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
             {"registry_name": "to_batch_processor", "config": {}}]
-    norm = {"registry_name": "normalizer_processor", "config": normaliser}
     if spec.pi05:  # the state is normalised before it is written into the prompt
         steps = [*head, norm, {"registry_name": "pi05_prepare_state_tokenizer_processor_step",
-                               "config": {"max_state_dim": spec.action_dim}}, tokenizer, device]
+                               "config": {"max_state_dim": spec.action_dim}}, tokenizer, DEVICE_STEP]
     else:
-        steps = [*head, {"registry_name": "pi0_new_line_processor", "config": {}}, tokenizer, device, norm]
-    flat: dict[str, np.ndarray] = {}
-    for feature, key in LEROBOT_KEYS.items():
-        for stat, values in stats[key].to_json().items():
-            if values is not None:
-                flat[f"{feature}.{stat}"] = np.asarray(values, dtype=np.float64)
-    actions_only = {k: v for k, v in flat.items() if k.startswith("action.")}
-    post = [{"registry_name": "unnormalizer_processor", "config": normaliser}, device]
-    for name, pipeline, kept in ((PREPROCESSOR, steps, flat), (POSTPROCESSOR, post, actions_only)):
-        written = []
-        for i, step in enumerate(pipeline):
-            if step["registry_name"] in ("normalizer_processor", "unnormalizer_processor"):
-                step = step | {"state_file": f"{name}_step_{i}_{step['registry_name']}.safetensors"}
-                save_numpy(kept, str(folder / step["state_file"]))
-            written.append(step)
-        (folder / f"{name}.json").write_text(_json({"name": name, "steps": written}))
+        steps = [*head, {"registry_name": "pi0_new_line_processor", "config": {}}, tokenizer, DEVICE_STEP, norm]
+    write_pipelines(folder, steps, stats)
 
 
 # ---- what an env can take -----------------------------------------------------------------------------------------

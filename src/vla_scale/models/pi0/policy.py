@@ -9,18 +9,10 @@ Sequence, per example (one mask decides who sees whom; `attention_allowed`):
                                                                          each other; the prefix never sees the
                                                                          suffix
 
-Flow matching (openpi's convention: t = 1 is noise, t = 0 the data): x_t = t * noise + (1 - t) * actions, and the
-expert's output rows at the actions, projected to the action size, predict the velocity u = noise - actions; the
-training loss is the per-element squared error against it (`flow_loss`, given the noise and the time, so that a
-caller, or a test, fixes both). `sample_actions` starts from noise at t = 1 and takes K Euler steps of dt = -1/K to
-t = 0, computing the prefix once (its keys and values per layer) and only the suffix at every step.
-
-For RL the same steps become Gaussian transitions: Flow-SDE's (`objectives/flow_sde.py`, of a noise level) or, for a
-policy built with a noise head (`noise_std=`, `models/pi0/noise_head.py`), Flow-Noise's (`objectives/flow_noise.py`:
-the Euler step plus noise whose std the head reads from the expert's output rows). `sample_chain` samples a chain and
-keeps every x_t and each step's log-prob, `chain_logprobs` recomputes those log-probs from a stored chain in one
-batched pass (the actor's update, with gradients into the policy and the noise head). A step left deterministic
-(noise level 0, or not chosen) is `sample_actions`' step bit for bit; `sample_actions` never reads the noise head.
+Flow matching, the Euler sampler and the RL chains (Flow-SDE, Flow-Noise with `noise_std=`) are the shared
+`FlowPolicy`'s (`models/flow/policy.py`, openpi's convention: t = 1 is noise, t = 0 the data); this class provides
+its prefix pass (the prefix's keys and values per layer, computed once per observation), its suffix pass and the
+joint pass of the training loss. The Euler times accumulate in float32, as openpi's loop does.
 
 The time enters as a sine-cosine embedding of width = the expert's (periods 4e-3 to 4, computed in float64 as
 openpi does): π0 concatenates it to each action token's embedding and mixes them with a 2-layer swish MLP; π0.5
@@ -32,46 +24,24 @@ alone. Parameter names are openpi's `PI0Pytorch` (`action_in_proj`, `state_proj`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vla_scale.models.critic import read_rows
-from vla_scale.models.lora import ServesMerged
+from vla_scale.models.flow.noise_head import PREFIX as NOISE_HEAD_PREFIX
+from vla_scale.models.flow.noise_head import NoiseHead
+from vla_scale.models.flow.policy import TIME_PERIODS, FlowChain, FlowInputs, FlowPolicy, additive, attention_allowed
+from vla_scale.models.flow.policy import time_embedding as time_embedding
 from vla_scale.models.pi0.backbone import KVCache, PaliGemmaWithExpert, Streams
-from vla_scale.models.pi0.gemma import MASKED, AdaRMSNorm
-from vla_scale.models.pi0.noise_head import PREFIX as NOISE_HEAD_PREFIX
-from vla_scale.models.pi0.noise_head import NoiseHead
+from vla_scale.models.pi0.gemma import AdaRMSNorm
 from vla_scale.models.pi0.spec import Pi0Spec, check_spec, spec_from_openpi
-from vla_scale.objectives.flow_noise import flow_noise_transition, step_entropy
-from vla_scale.objectives.flow_sde import euler_times, gaussian_logprob, sde_transition
 
-TIME_PERIODS = (4e-3, 4.0)
-"""Shortest and longest period of the time embedding's sines (openpi's `min_period`, `max_period`)."""
+__all__ = ["TIME_PERIODS", "FlowChain", "Pi0Inputs", "Pi0Policy", "additive", "attention_allowed",
+           "pixels_from_uint8", "time_embedding"]
 
-
-@dataclass
-class Pi0Inputs:
-    """One batch of observations as the model reads them (already normalised, tokenised and padded)."""
-
-    images: Tensor  # float[B, N, 3, S, S] in [-1, 1], one slot per camera
-    image_masks: Tensor  # bool[B, N]: False where the camera is missing (its patches are masked keys)
-    tokens: Tensor  # int64[B, L]: the prompt (π0.5: with the discretised state), right-padded
-    token_masks: Tensor  # bool[B, L]
-    state: Tensor  # float[B, action_dim]: normalised, zero-padded (π0 reads it; π0.5's is in the prompt)
-
-
-@dataclass
-class FlowChain:
-    """One sampled denoising chain per example (`Pi0Policy.sample_chain`): what the actor needs to score it again."""
-
-    actions: Tensor  # float32[B, H, action_dim]: the chain's end, the normalised actions
-    chain: Tensor  # float32[B, K + 1, H, action_dim]: x at t = 1 (the noise), then after each of the K steps
-    logprobs: Tensor  # float32[B, K]: each step's log-prob over the mask; 0 for a deterministic step
-    stochastic: Tensor  # bool[B, K]: the steps that were Gaussian transitions (the others Euler steps)
+Pi0Inputs = FlowInputs
+"""One batch of observations as the model reads them (the shared `FlowInputs`; π0.5's prompt holds the state)."""
 
 
 def pixels_from_uint8(images: Tensor) -> Tensor:
@@ -79,31 +49,9 @@ def pixels_from_uint8(images: Tensor) -> Tensor:
     return images.to(torch.float32).movedim(-1, -3) / 255.0 * 2.0 - 1.0
 
 
-def attention_allowed(pad: Tensor, blocks: Tensor) -> Tensor:
-    """bool[B, Lq, Lk] from pad bool[B, L] and block starts [B, L] (1 where a new block begins): a query sees a key
-    when both are real tokens and the key's block is not after the query's (big_vision's prefix-LM rule)."""
-    block = torch.cumsum(blocks, dim=1)
-    return (block[:, None, :] <= block[:, :, None]) & pad[:, None, :] & pad[:, :, None]
-
-
-def additive(allowed: Tensor) -> Tensor:
-    """bool[B, Lq, Lk] -> the float32 mask [B, 1, Lq, Lk] added to the attention scores."""
-    return torch.where(allowed, 0.0, MASKED)[:, None]
-
-
-def time_embedding(time: Tensor, width: int) -> Tensor:
-    """Sine-cosine embedding [B, width] of flow times [B] (float64 inside, returned in the time's dtype)."""
-    low, high = TIME_PERIODS
-    fraction = torch.linspace(0.0, 1.0, width // 2, dtype=torch.float64, device=time.device)
-    period = low * (high / low) ** fraction
-    angle = (1.0 / period * 2 * math.pi)[None, :] * time[:, None]
-    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).to(time.dtype)
-
-
-class Pi0Policy(ServesMerged, nn.Module):
+class Pi0Policy(FlowPolicy):
     """PaliGemma + the action expert + the action/state/time projections of π0 (or π0.5 with `spec.pi05`), and with
-    `noise_std` (min, max) Flow-Noise's noise head. With LoRA adapters (`models/lora.add_adapters`) it serves its
-    weights merged (`served`)."""
+    `noise_std` (min, max) Flow-Noise's noise head, over the shared flow machinery (`FlowPolicy`)."""
 
     def __init__(self, spec: Pi0Spec, zero3_init: bool = False, noise_std: tuple[float, float] | None = None):
         super().__init__()
@@ -229,31 +177,11 @@ class Pi0Policy(ServesMerged, nn.Module):
         _, out, _ = self.paligemma_with_expert.run(streams)
         return self.action_out_proj(out[:, -self.spec.action_horizon :].to(self.compute_dtype)).float()
 
-    def flow_loss(self, inputs: Pi0Inputs, actions: Tensor, noise: Tensor, time: Tensor) -> Tensor:
-        """Per-element squared error float32[B, H, action_dim] between the predicted and the true velocity at
-        x_t = t * noise + (1 - t) * actions (time [B] in (0, 1]; openpi draws it from 0.001 + 0.999 * Beta(1.5, 1))."""
-        t = time[:, None, None]
-        x_t = t * noise + (1 - t) * actions
-        return F.mse_loss(noise - actions, self.velocity_joint(inputs, x_t, time), reduction="none")
-
-    def forward(self, inputs: Pi0Inputs, *args: Tensor, **kwargs: Any) -> Tensor | tuple[Tensor, Tensor]:
-        """What the DeepSpeed engine runs: `flow_loss(inputs, actions, noise, time)` (SFT), or with `chain=`
-        `chain_logprobs(inputs, chain=, noise_level=, stochastic=, mask=, with_entropy=)` (RL's update)."""
-        if "chain" in kwargs:
-            return self.chain_logprobs(inputs, **kwargs)
-        return self.flow_loss(inputs, *args, **kwargs)
-
-    # ---- sampling ---------------------------------------------------------------------------------------------------
-    def prefix_cache(self, inputs: Pi0Inputs) -> tuple[KVCache, Tensor]:
-        """Every layer's keys and values of the prefix, and its pad mask: what every denoising step attends to
-        (camera slots masked in every row left out)."""
-        cache, pad, _ = self.prefix_pass(inputs, skip_masked_slots=True)
-        return cache, pad
-
+    # ---- the passes the shared sampler and the chains run ------------------------------------------------------------
     def prefix_pass(self, inputs: Pi0Inputs, skip_masked_slots: bool = False) -> tuple[KVCache, Tensor, Tensor]:
-        """`prefix_cache`'s cache and pad mask, and the prefix's hidden states [B, T, width] after PaliGemma's final
-        norm (what a value head reads). `skip_masked_slots`: as `embed_prefix`'s (the sampling's; the update's
-        pass keeps every slot)."""
+        """The prefix's keys and values per layer, its pad mask, and its hidden states [B, T, width] after
+        PaliGemma's final norm (what a value head reads). `skip_masked_slots`: as `embed_prefix`'s (the sampling's;
+        the update's pass keeps every slot)."""
         prefix, pad, blocks = self.embed_prefix(inputs, skip_masked_slots)
         streams = Streams(prefix=prefix.to(self.compute_dtype), suffix=None,
                           mask=additive(attention_allowed(pad, blocks.long())),
@@ -261,14 +189,6 @@ class Pi0Policy(ServesMerged, nn.Module):
         out, _, cache = self.paligemma_with_expert.run(streams, keep_cache=True)
         assert out is not None
         return cache, pad, out
-
-    def denoise_step(self, state: Tensor, prefix_pad: Tensor, cache: KVCache, x_t: Tensor, time: Tensor) -> Tensor:
-        """The velocity float32[B, H, action_dim] at (x_t, time [B]), the suffix attending to the prefix's cache."""
-        return self.velocity(self.suffix_rows(state, prefix_pad, cache, x_t, time))
-
-    def velocity(self, rows: Tensor) -> Tensor:
-        """The velocity float32[B, H, action_dim] the expert's output rows at the actions [B, H, width] predict."""
-        return self.action_out_proj(rows.to(self.compute_dtype)).float()
 
     def suffix_rows(self, state: Tensor, prefix_pad: Tensor, cache: KVCache, x_t: Tensor, time: Tensor) -> Tensor:
         """The expert's output rows at the actions [B, H, width] (after its final norm) at (x_t, time [B]), the
@@ -283,89 +203,6 @@ class Pi0Policy(ServesMerged, nn.Module):
         _, out, _ = self.paligemma_with_expert.run(streams, cache=cache)
         assert out is not None
         return out[:, -self.spec.action_horizon :]
-
-    def sample_noise(self, batch: int, device: torch.device | str | None = None,
-                     generator: torch.Generator | None = None) -> Tensor:
-        """Standard normal float32[batch, H, action_dim], the chain's start."""
-        shape = (batch, self.spec.action_horizon, self.spec.action_dim)
-        return torch.randn(shape, generator=generator, dtype=torch.float32, device=device)
-
-    @torch.no_grad()
-    def sample_actions(self, inputs: Pi0Inputs, noise: Tensor, num_steps: int | None = None) -> Tensor:
-        """Normalised actions float32[B, H, action_dim]: K Euler steps (`num_steps`, default the spec's) from `noise`
-        at t = 1 to t = 0, the prefix computed once. The times are accumulated in float32 (1, 1 + dt, ...) exactly
-        as openpi's loop does, so the chain is openpi's step for step."""
-        steps = num_steps or self.spec.num_steps
-        cache, prefix_pad = self.prefix_cache(inputs)
-        dt = torch.tensor(-1.0 / steps, dtype=torch.float32, device=noise.device)
-        time = torch.tensor(1.0, dtype=torch.float32, device=noise.device)
-        x_t = noise
-        for _ in range(steps):
-            v_t = self.denoise_step(inputs.state, prefix_pad, cache, x_t, time.expand(noise.shape[0]))
-            x_t = x_t + dt * v_t
-            time = time + dt
-        return x_t
-
-    @torch.no_grad()
-    def sample_chain(self, inputs: Pi0Inputs, noise: Tensor, noise_level: float | Tensor = 0.0,
-                     generator: torch.Generator | None = None, step_noise: Tensor | None = None,
-                     stochastic: Tensor | None = None, mask: Tensor | None = None,
-                     num_steps: int | None = None) -> FlowChain:
-        """K denoising steps from `noise` at t = 1, each a Flow-SDE transition of noise level a (a float or [B]),
-        or with a noise head a Flow-Noise transition (its std from the head; `noise_level` unused), the prefix
-        computed once. The steps' standard normal draws come from `step_noise` float32[B, K, H, D], else from
-        `generator`, all drawn before the first step. `stochastic` bool[B, K] (default: all) picks the steps that
-        are transitions; the others are the plain Euler step (Flow-SDE with a = 0; πRL's mixed ODE-SDE sampling
-        makes one step per chain stochastic). `mask` (bool, broadcastable to [B, H, D]:
-        `objectives.flow_sde.action_mask`) is where the log-probs count. With a = 0 everywhere (or no step chosen)
-        the actions are `sample_actions`' bit for bit."""
-        steps = num_steps or self.spec.num_steps
-        batch = noise.shape[0]
-        chosen = _steps_chosen(stochastic, batch, steps, noise.device)
-        if step_noise is None:
-            step_noise = torch.randn((batch, steps, *noise.shape[1:]), generator=generator, dtype=torch.float32,
-                                     device=noise.device)
-        cache, prefix_pad = self.prefix_cache(inputs)
-        times, dt = euler_times(steps, noise.device)
-        x_t, chain, logprobs = noise, [noise.float()], []
-        for k in range(steps):
-            rows = self.suffix_rows(inputs.state, prefix_pad, cache, x_t, times[k].expand(batch))
-            v_t = self.velocity(rows)
-            if self.noise_head is None:
-                mean, std = sde_transition(x_t, v_t, times[k], dt, chosen[:, k].float() * noise_level)
-            else:
-                mean, std = flow_noise_transition(x_t, v_t, dt, self.noise_head(rows), chosen[:, k])
-            x_t = mean + std * step_noise[:, k]
-            logprobs.append(gaussian_logprob(x_t, mean, std, mask))
-            chain.append(x_t.float())
-        return FlowChain(actions=x_t, chain=torch.stack(chain, dim=1), logprobs=torch.stack(logprobs, dim=1),
-                         stochastic=chosen)
-
-    def chain_logprobs(self, inputs: Pi0Inputs, chain: Tensor, noise_level: float | Tensor = 0.0,
-                       stochastic: Tensor | None = None, mask: Tensor | None = None, with_entropy: bool = False
-                       ) -> Tensor | tuple[Tensor, Tensor]:
-        """Each step's log-prob float32[B, K] of a stored chain float32[B, K + 1, H, D] (`FlowChain.chain`; K is
-        read from it), as `sample_chain` computed them, with gradients into the policy (and its noise head). The
-        prefix runs once; the stochastic steps of every example (`stochastic` bool[B, K], default all; the others
-        are 0) run as one batch of suffix passes, each row attending to its example's cached prefix (the cache rows
-        are gathered, a copy per step: the memory of K separate passes, in one). `with_entropy`: also each step's
-        Gaussian entropy float32[B, K] over the mask (Flow-Noise's depends on the weights, so it comes from this
-        pass)."""
-        cache, prefix_pad, _ = self.prefix_pass(inputs)
-        return self._steps_logprobs(inputs, cache, prefix_pad, chain, noise_level, stochastic, mask, with_entropy)
-
-    def value_features(self, inputs: Pi0Inputs, *, position: str, chain: Tensor, noise_level: float | Tensor = 0.0,
-                       stochastic: Tensor | None = None, mask: Tensor | None = None, with_entropy: bool = False
-                       ) -> tuple[Tensor | tuple[Tensor, Tensor], Tensor]:
-        """`chain_logprobs` and, from the same prefix pass, the hidden state [B, width] a value head reads
-        (`models/critic.py`): the last valid prefix row's (`prompt_last`; the prompt's last token) or the mean over
-        the valid prefix rows (`action_mean`: the rows every denoising step attends to)."""
-        cache, pad, out = self.prefix_pass(inputs)
-        steps = self._steps_logprobs(inputs, cache, pad, chain, noise_level, stochastic, mask, with_entropy)
-        if position == "prompt_last":
-            last = (pad.long() * torch.arange(pad.shape[1], device=pad.device)).argmax(dim=1)
-            return steps, out[torch.arange(len(out), device=out.device), last]
-        return steps, read_rows(out, position, valid=pad)
 
     # ---- how the actor trains it ------------------------------------------------------------------------------------
     zero3_leaf_types: tuple[type[nn.Module], ...] = ()
@@ -388,41 +225,6 @@ class Pi0Policy(ServesMerged, nn.Module):
     def value_width(self) -> int:
         """The width of the hidden state a value head reads (PaliGemma's Gemma)."""
         return self.spec.paligemma.width
-
-    def _steps_logprobs(self, inputs: Pi0Inputs, cache: KVCache, prefix_pad: Tensor, chain: Tensor,
-                        noise_level: float | Tensor, stochastic: Tensor | None, mask: Tensor | None,
-                        with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """`chain_logprobs` on a prefix already run."""
-        batch, steps = chain.shape[0], chain.shape[1] - 1
-        rows, ks = _steps_chosen(stochastic, batch, steps, chain.device).nonzero(as_tuple=True)
-        out = torch.zeros(batch, steps, dtype=torch.float32, device=chain.device)
-        if rows.numel() == 0:
-            return (out, out) if with_entropy else out
-        cache = [(keys[rows], values[rows]) for keys, values in cache]
-        times, dt = euler_times(steps, chain.device)
-        x_t = chain[rows, ks]
-        hidden = self.suffix_rows(inputs.state[rows], prefix_pad[rows], cache, x_t, times[ks])
-        v_t = self.velocity(hidden)
-        if self.noise_head is None:
-            level = noise_level[rows] if isinstance(noise_level, Tensor) and noise_level.dim() else noise_level
-            mean, std = sde_transition(x_t, v_t, times[ks], dt, level)
-        else:
-            mean, std = flow_noise_transition(x_t, v_t, dt, self.noise_head(hidden))
-        if mask is not None and mask.dim() == 3:
-            mask = mask.expand(batch, -1, -1)[rows]
-        logprobs = out.index_put((rows, ks), gaussian_logprob(chain[rows, ks + 1], mean, std, mask))
-        if not with_entropy:
-            return logprobs
-        return logprobs, out.index_put((rows, ks), step_entropy(std.expand_as(x_t), mask))
-
-
-def _steps_chosen(stochastic: Tensor | None, batch: int, steps: int, device: torch.device) -> Tensor:
-    """bool[B, K]: the given choice of stochastic steps (checked against the chain's shape), else every step."""
-    if stochastic is None:
-        return torch.ones(batch, steps, dtype=torch.bool, device=device)
-    if stochastic.shape != (batch, steps):
-        raise ValueError(f"stochastic must be bool[{batch}, {steps}], got {tuple(stochastic.shape)}")
-    return stochastic.to(device=device, dtype=torch.bool)
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -55,13 +55,12 @@ def source_for_env(model: ModelConfig, env: EnvConfig, explicit: Collection[str]
     return source
 
 
-SHAPE_KEYS = ("preset", "action_horizon", "action_dim", "max_token_len", "normalization", "image_size",
-                  "patch_size")
+SHAPE_KEYS = ("preset", "action_horizon", "action_dim", "max_token_len", "normalization", "image_size", "patch_size")
 """`model.pi0.*` keys a checkpoint decides (num_steps, the sampling's, and tokenizer may be set on top of one)."""
 
 
 def checkpoint_source(model: ModelConfig, env: EnvConfig, explicit: Collection[str],
-                          problems: list[str]) -> Pi0Source:
+                      problems: list[str]) -> Pi0Source:
     """The π0 / π0.5 policy of `model.checkpoint`'s folder (either layout) on `env`, or ConfigError naming every
     key that does not fit: `problems` found already, shape keys set on the command line (the folder decides them),
     what the folder lacks, what the env cannot take."""

@@ -9,7 +9,7 @@ the tower's width to PaliGemma's.
 π0 and π0.5 differ in two places (`pi05`): π0 feeds the normalised state as one continuous token at the head of the
 expert's suffix and mixes the flow time into the action tokens by an MLP; π0.5 writes the discretised state into the
 prompt (`models/pi0/tokenizer.py`) and conditions every RMS norm of the expert on the time (adaRMS). openpi also
-normalises them differently: z-scores for π0, quantiles to [-1, 1] for π0.5 (`models/pi0/normalize.py`).
+normalises them differently: z-scores for π0, quantiles to [-1, 1] for π0.5 (`models/flow/normalize.py`).
 
 This module imports neither torch nor transformers (the configuration's checks may read it).
 """
@@ -19,13 +19,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from vla_scale.models.flow.normalize import NORM_CONVENTIONS, NORMALIZATIONS
+
 PALIGEMMA_VOCAB = 257_152
 """PaliGemma's vocabulary (Gemma's 256k + 1024 location + 128 segmentation tokens), openpi's `PALIGEMMA_VOCAB_SIZE`."""
 
-NORMALIZATIONS = ("zscore", "quantile")
-"""openpi's two normalisations (`transforms.Normalize`): (x - mean) / std, or [q01, q99] -> [-1, 1]."""
-NORM_CONVENTIONS = ("openpi", "lerobot")
-"""Whose edge rules the normalisation follows (models/pi0/normalize.py): openpi's epsilon or LeRobot's."""
 
 
 @dataclass(frozen=True)

@@ -161,6 +161,11 @@ class Actor:
         adapt = lora is not None and lora.rank > 0
         self.algorithm = make_algorithm(algo) if isinstance(algo, AlgoConfig) else None
         critic = self.algorithm is not None and self.algorithm.needs_values
+        if ds.zero_stage == 3:
+            # zero.Init replaces torch.Tensor.__new__ while it is open, and torch._dynamo refuses to be imported
+            # then (its polyfills check that function's signature): a model module whose imports pull it in
+            # (transformers' masking utilities) must find it imported already.
+            import torch._dynamo  # noqa: F401
         with deepspeed.zero.Init(config_dict_or_path=self.ds_config) if ds.zero_stage == 3 else nullcontext():
             policy = build(ds.zero_stage == 3)
             self.adapted = add_adapters(policy, lora) if adapt else []  # built as shards too

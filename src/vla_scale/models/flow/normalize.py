@@ -1,4 +1,5 @@
-"""openpi's normalisation of states and actions, read from its `norm_stats.json`, both ways (numpy only).
+"""The flow families' normalisation of states and actions, openpi's and LeRobot's, read from openpi's
+`norm_stats.json` or given (numpy only).
 
 A π0 checkpoint's `assets/<robot>/norm_stats.json` holds, per key (`state`, `actions`), the mean, standard
 deviation and 1st/99th percentiles of each dimension: `{"norm_stats": {"state": {"mean": [...], "std": [...],
@@ -29,8 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from vla_scale.models.pi0.spec import NORM_CONVENTIONS, NORMALIZATIONS
-
+NORMALIZATIONS = ("zscore", "quantile")
+"""openpi's two normalisations (`transforms.Normalize`): (x - mean) / std, or [q01, q99] -> [-1, 1]."""
+NORM_CONVENTIONS = ("openpi", "lerobot")
+"""Whose edge rules the normalisation follows: openpi's epsilon or LeRobot's."""
 EPS = 1e-6
 """Added to every divisor, openpi's."""
 LEROBOT_EPS = np.float32(1e-8)
@@ -72,7 +75,7 @@ def read_norm_stats(path: str | Path) -> dict[str, NormStats]:
     return {key: NormStats.from_json(stats) for key, stats in data["norm_stats"].items()}
 
 
-class Pi0Normalizer:
+class FlowNormalizer:
     """Normalise and un-normalise the keys of `stats` by z-scores or quantiles (module docstring)."""
 
     def __init__(self, stats: dict[str, NormStats], mode: str, convention: str = "openpi"):
