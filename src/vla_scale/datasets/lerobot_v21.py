@@ -47,7 +47,7 @@ def write(root: Path, episodes: EpisodeStream, keys: LeRobotKeys, *, fps: int, c
         if codec is not None:
             _write_videos(root, i, episode, keys, codec, fps)
         images = {key: episode.images[camera] for camera, key in keys.cameras.items()}
-        stats.append({"episode_index": i, "stats": episode_stats(table, images, features, quantiles=False)})
+        stats.append({"episode_index": i, "stats": episode_stats(table, images, features, version=VERSION, fps=fps)})
         listed.append({"episode_index": i, "tasks": [episode.instruction], "length": len(episode)})
         first_index += len(episode)
     if codec is not None:

@@ -113,7 +113,7 @@ def write(root: Path, episodes: EpisodeStream, keys: LeRobotKeys, *, fps: int, c
         table = frame_table(episode, keys, data.schema, episode_index=i, first_index=first_index,
                             task_index=episodes.tasks[episode.instruction], fps=fps)
         images = {key: episode.images[camera] for camera, key in keys.cameras.items()}
-        stats.append(episode_stats(table, images, features, quantiles=True))
+        stats.append(episode_stats(table, images, features, version=VERSION, fps=fps))
         row = episode_row(i, episode, first_index, data.add(table)) | _videos_row(videos, images)
         rows.append(row | flattened(stats[-1]) | {"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
         first_index += len(episode)
