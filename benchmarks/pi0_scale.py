@@ -1,7 +1,9 @@
-"""π0 / π0.5 at openpi's shapes on one GPU: the chunk decode beside openpi's own `sample_actions` on the same weights,
-and whole RL steps (rollout + update) with their time and peak memory.
+"""The flow families at their real shapes on one GPU (π0 / π0.5 at openpi's, SmolVLA at LeRobot's): the chunk decode,
+π0's beside openpi's own `sample_actions` on the same weights, and whole RL steps (rollout + update) with their time
+and peak memory.
 
     python benchmarks/pi0_scale.py --model pi0 --memory-gib 80 --openpi .openpi   # one GPU
+    python benchmarks/pi0_scale.py --model smolvla --memory-gib 80                 # SmolVLA's 450M, one GPU
     python benchmarks/pi0_scale.py --model pi0_tiny --dry-run                      # CPU: the whole script, seconds
 
 **The decode.** A fresh policy of the preset (seeded; bfloat16 on a GPU), `--batch` LIBERO-shaped observations (two
@@ -17,9 +19,12 @@ as matmuls, below) and set against the card's matmul rate: the decode's MFU, and
 goes under; the prefix pass is also timed and counted alone, which splits the decode's time and MFU between the
 prefix and the K suffix passes.
 
+SmolVLA (`--model smolvla` / `smolvla_tiny`) decodes the same inputs at its own shapes (three 512 px camera slots, two
+filled; 48 prompt tokens) with `SmolVLAPolicy`; there is no openpi to compare with.
+
 **The RL step** (`--steps` > 0). The trainer as `benchmarks/rl_step.py` builds ours (launch/train.py's Trainer: the
 ZeRO-3 actor under zero3_bf16, the rollout engine on the same GPU, the reach task's simulators; GRPO, every group
-kept), with this family's model (a fresh one of the preset, the parity fixture's tokenizer; chunks of `--horizon`).
+kept), with this family's model (a fresh one of the preset, its parity fixture's tokenizer; chunks of `--horizon`).
 One warm-up step, then `--steps` timed ones under `--memory-gib` (rollout, update, sync, peak memory per phase),
 then the update alone on the last step's samples with its MFU: three forward-equivalents per sample of the update's
 own forward (the prefix and the stochastic step's suffix pass, counted by FlopCounterMode with the attention spelled
@@ -48,15 +53,21 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from vla_scale.models.flow.policy import FlowInputs, FlowPolicy
 from vla_scale.models.kernels import KERNELS, use_kernels
-from vla_scale.models.pi0.policy import Pi0Inputs, Pi0Policy
-from vla_scale.models.pi0.spec import PRESETS, Pi0Spec
+from vla_scale.models.pi0.policy import Pi0Policy
+from vla_scale.models.pi0.spec import PRESETS as PI0_PRESETS
+from vla_scale.models.smolvla.policy import SmolVLAPolicy
+from vla_scale.models.smolvla.spec import PRESETS as SMOLVLA_PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "tests" / "fixtures" / "openpi_reference" / "tokenizer.model"
+SMOLVLA_TOKENIZER = ROOT / "tests" / "fixtures" / "smolvla_reference" / "vlm"
+PRESETS = {**PI0_PRESETS, **SMOLVLA_PRESETS}
 OPENPI_CHILD = Path(__file__).resolve().parent / "openpi_sample_actions.py"
 
 
@@ -89,25 +100,40 @@ def parse() -> argparse.Namespace:
     return args
 
 
-def spec_of(args: argparse.Namespace) -> Pi0Spec:
+def smolvla(args: argparse.Namespace) -> bool:
+    return args.model in SMOLVLA_PRESETS
+
+
+def spec_of(args: argparse.Namespace) -> Any:
+    if smolvla(args):
+        return replace(PRESETS[args.model](), chunk_size=args.horizon, num_steps=args.num_steps)
     return replace(PRESETS[args.model](), action_horizon=args.horizon, num_steps=args.num_steps)
 
 
-def decode_case(spec: Pi0Spec, batch: int, device: torch.device) -> tuple[Pi0Inputs, torch.Tensor]:
+def new_policy(spec: Any, dtype: torch.dtype, device: torch.device) -> FlowPolicy:
+    cls = SmolVLAPolicy if hasattr(spec, "chunk_size") else Pi0Policy
+    return cls.from_spec(spec, dtype=dtype, device=str(device)).eval()
+
+
+def decode_case(spec: Any, batch: int, device: torch.device) -> tuple[FlowInputs, torch.Tensor]:
     """Seeded LIBERO-shaped inputs (module docstring) on `device` and the chain's starting noise."""
     gen = torch.Generator().manual_seed(1)
-    side, slots = spec.vision.image_size, spec.num_images
+    side, slots = (spec.image_size, spec.num_images) if hasattr(spec, "chunk_size") else \
+        (spec.vision.image_size, spec.num_images)
+    budget = getattr(spec, "tokenizer_max_length", None) or spec.max_token_len
+    vocab = spec.text.vocab_size if hasattr(spec, "text") else spec.vocab_size
+    state_dim = getattr(spec, "max_state_dim", spec.action_dim)
     images = torch.rand(batch, slots, 3, side, side, generator=gen) * 2 - 1
     masks = torch.arange(slots).expand(batch, -1) < min(2, slots)
     images[~masks] = 0.0
-    lengths = torch.randint(12, min(24, spec.max_token_len) + 1, (batch,), generator=gen)
-    token_masks = torch.arange(spec.max_token_len).expand(batch, -1) < lengths[:, None]
-    tokens = torch.randint(4, min(spec.vocab_size, 256), (batch, spec.max_token_len), generator=gen) * token_masks
-    state = torch.zeros(batch, spec.action_dim)
-    state[:, :8] = torch.randn(batch, 8, generator=gen)
+    lengths = torch.randint(min(12, budget), min(24, budget) + 1, (batch,), generator=gen)
+    token_masks = torch.arange(budget).expand(batch, -1) < lengths[:, None]
+    tokens = torch.randint(4, min(vocab, 256), (batch, budget), generator=gen) * token_masks
+    state = torch.zeros(batch, state_dim)
+    state[:, : min(8, state_dim)] = torch.randn(batch, min(8, state_dim), generator=gen)
     noise = torch.randn(batch, spec.action_horizon, spec.action_dim, generator=gen)
-    inputs = Pi0Inputs(images=images.to(device), image_masks=masks.to(device), tokens=tokens.to(device),
-                       token_masks=token_masks.to(device), state=state.to(device))
+    inputs = FlowInputs(images=images.to(device), image_masks=masks.to(device), tokens=tokens.to(device),
+                        token_masks=token_masks.to(device), state=state.to(device))
     return inputs, noise.to(device)
 
 
@@ -130,7 +156,7 @@ def ours_decode(args: argparse.Namespace, device: torch.device, case_dir: Path |
     spec = spec_of(args)
     torch.manual_seed(0)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    policy = use_kernels(Pi0Policy.from_spec(spec, dtype=dtype, device=str(device)).eval(), args.kernels)
+    policy = use_kernels(new_policy(spec, dtype, device), args.kernels)
     inputs, noise = decode_case(spec, args.batch, device)
     with torch.no_grad():
         actions = policy.sample_actions(inputs, noise.clone()).float().cpu()
@@ -175,7 +201,7 @@ def matmul_rate_here(device: torch.device) -> float:
     return matmul_rate(size, size, size, dtype=dtype)
 
 
-def write_case(case_dir: Path, args: argparse.Namespace, spec: Pi0Spec, policy: Pi0Policy, inputs: Pi0Inputs,
+def write_case(case_dir: Path, args: argparse.Namespace, spec: Any, policy: FlowPolicy, inputs: FlowInputs,
                noise: torch.Tensor) -> None:
     from safetensors.torch import save_file
 
@@ -236,21 +262,23 @@ def attention_as_matmuls() -> Iterator[None]:
     asserts equal head counts for the GPU's, and grouped-query attention does the same multiply-adds as this form
     (what it shares is memory, not arithmetic)."""
     from vla_scale.models.pi0 import backbone
+    from vla_scale.models.smolvla import backbone as smolvla_backbone
 
-    fused = backbone.attend
+    fused, smolvla_fused = backbone.attend, smolvla_backbone.attend
 
-    def as_matmuls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scaling: float):
+    def as_matmuls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scaling: float | None = None):
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-        scores = (q @ k.transpose(-1, -2)).float() * scaling + mask.float()
+        scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+        scores = (q @ k.transpose(-1, -2)).float() * scale + mask.float()
         out = (scores.softmax(-1).to(v.dtype) @ v).transpose(1, 2)
         return out.reshape(*out.shape[:2], -1)
 
-    backbone.attend = as_matmuls
+    backbone.attend = smolvla_backbone.attend = as_matmuls
     try:
         yield
     finally:
-        backbone.attend = fused
+        backbone.attend, smolvla_backbone.attend = fused, smolvla_fused
 
 
 def rl_steps(args: argparse.Namespace) -> list[dict]:
@@ -262,8 +290,12 @@ def rl_steps(args: argparse.Namespace) -> list[dict]:
     from vla_scale.trainer import Trainer
 
     substeps = rl_step.substeps_for(args.sim_ms)
-    extra = [f"model.pi0.tokenizer={TOKENIZER}", f"model.pi0.action_horizon={args.horizon}",
-             f"model.pi0.num_steps={args.num_steps}", *(["model.pi0.max_token_len=24"] if args.dry_run else [])]
+    if smolvla(args):
+        extra = [f"model.smolvla.tokenizer={SMOLVLA_TOKENIZER}", f"model.smolvla.chunk_size={args.horizon}",
+                 f"model.smolvla.num_steps={args.num_steps}"]
+    else:
+        extra = [f"model.pi0.tokenizer={TOKENIZER}", f"model.pi0.action_horizon={args.horizon}",
+                 f"model.pi0.num_steps={args.num_steps}", *(["model.pi0.max_token_len=24"] if args.dry_run else [])]
     cfg = rl_step.trainer_config(args, substeps, shrink=False, extra=extra)
     cap = rl_step.cap_memory(args.memory_gib) if args.memory_gib else "no memory cap"
     start = time.perf_counter()
@@ -301,10 +333,12 @@ def rl_steps(args: argparse.Namespace) -> list[dict]:
 
 def main(args: argparse.Namespace) -> None:
     if args.dry_run:
-        args.model = args.model if args.model.endswith("_tiny") else "pi0_tiny"
+        args.model = args.model if args.model.endswith("_tiny") else "smolvla_tiny" if smolvla(args) else "pi0_tiny"
         args.batch, args.repeats, args.warmup, args.steps = 4, 1, 0, 1
         args.groups, args.group_size, args.max_steps, args.workers, args.sims, args.micro_batch = 2, 2, 8, 1, 2, 8
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.openpi and smolvla(args):
+        raise SystemExit("--openpi compares π0's decode with openpi's: drop it for SmolVLA")
     case_dir = Path(tempfile.mkdtemp(prefix="pi0_scale_case_")) if args.openpi else None
     ours = ours_decode(args, device, case_dir)
     if device.type == "cuda":

@@ -1,5 +1,6 @@
 """From demonstrations to a better policy, as a new user runs it, for several seeds: on the embedded pick_place task
-or on Meta-World's MT10 (`--env`), with the tiny OFT policy, the tiny π0 or the tiny SmolVLA (`--family`), GRPO or PPO (`--algo`).
+or on Meta-World's MT10 (`--env`), with the tiny OFT policy, the tiny π0 or the tiny SmolVLA (`--family`), GRPO or
+PPO (`--algo`).
 
     python benchmarks/sft_rl.py --seeds 0 1 2                                  # pick_place, OFT, PPO
     python benchmarks/sft_rl.py --env metaworld_mt10 --family pi0 --algo grpo --seeds 0
@@ -114,8 +115,8 @@ examples on the first 8 steps of each demonstration, then 1000 on whole demonstr
 noise-free expert demonstrations a task (docs/performance.md says why so few), 2000 SFT steps on whole
 demonstrations, 30 RL steps of 80 episodes cut at 200 steps (a failure costs 200 env steps, not 500; GRPO: 10
 groups of 8, each of the ten tasks once a group; PPO: 80 episodes of groups of one, each task 8 times), OFT at lr
-3e-4, π0 and SmolVLA with Flow-Noise (the levers that moved each most on seed 0 under `agent`: docs/performance.md), and every
-evaluation on 50 held-out placements a task (500 episodes)."""
+3e-4, π0 and SmolVLA with Flow-Noise (the levers that moved each most on seed 0 under `agent`: docs/performance.md),
+and every evaluation on 50 held-out placements a task (500 episodes)."""
 
 
 def parse() -> argparse.Namespace:

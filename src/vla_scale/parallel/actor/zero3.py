@@ -8,6 +8,7 @@ whole model; weight sync and checkpoints gather parameters explicitly (`parallel
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
@@ -165,7 +166,7 @@ class Actor:
             # zero.Init replaces torch.Tensor.__new__ while it is open, and torch._dynamo refuses to be imported
             # then (its polyfills check that function's signature): a model module whose imports pull it in
             # (transformers' masking utilities) must find it imported already.
-            import torch._dynamo  # noqa: F401
+            importlib.import_module("torch._dynamo")
         with deepspeed.zero.Init(config_dict_or_path=self.ds_config) if ds.zero_stage == 3 else nullcontext():
             policy = build(ds.zero_stage == 3)
             self.adapted = add_adapters(policy, lora) if adapt else []  # built as shards too
