@@ -44,6 +44,7 @@ from vla_scale.config import Config, ConfigError, DeepSpeedConfig, as_yaml, init
 from vla_scale.envs.registry import simulator
 from vla_scale.envs.types import TaskSpec
 from vla_scale.models.fp8 import fp8_problem
+from vla_scale.models.fp8_update import update_problem
 from vla_scale.models.interface import PolicySource
 from vla_scale.parallel.actor import Actor, UpdateResult
 from vla_scale.parallel.ranks import mean_over_ranks, sum_over_ranks
@@ -186,6 +187,7 @@ class Trainer:
         self.rank, self.world = init_distributed()
         here = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         no_fp8 = fp8_problem(here) if cfg.rollout.precision == "fp8" else None
+        no_fp8 = no_fp8 or update_problem(cfg.deepspeed.update_precision, here, cfg.deepspeed.bf16)
         if no_fp8:
             raise ConfigError(no_fp8)
         self.max_chunks = max_chunks(cfg.env, cfg.model.chunk_len)

@@ -29,6 +29,7 @@ def choices() -> dict[str, tuple[Any, ...]]:
     from vla_scale.datasets.lerobot_format import VERSIONS, VIDEO_CODECS
     from vla_scale.models.critic import CRITIC_POSITIONS
     from vla_scale.models.fp8 import PRECISIONS
+    from vla_scale.models.fp8_update import UPDATE_PRECISIONS
     from vla_scale.models.kernels import KERNELS
     from vla_scale.models.oft.spec import ACTION_HEADS, ATTENTION_MODES, IMAGE_RESIZES
 
@@ -46,6 +47,7 @@ def choices() -> dict[str, tuple[Any, ...]]:
            for key, names in record.settings.choices().items()},
         "deepspeed.zero_stage": (0, 1, 2, 3),
         "rollout.precision": PRECISIONS,
+        "deepspeed.update_precision": UPDATE_PRECISIONS,
         "record.episodes": ("all", "successes"),
         "demo.label": ("executed", "intended"),
         "record.version": VERSIONS,
@@ -178,6 +180,10 @@ def validate(cfg: Config, world_size: int = 1) -> Config:
     if cfg.rollout.precision == "fp8" and a.old_logprobs != "recompute":
         problems.append("rollout.precision=fp8 samples from the FP8 engine, whose log-probs are not the actor's: "
                         "set algo.old_logprobs=recompute (and algo.tis_cap, e.g. 2.0, to weigh each token by the gap)")
+    if cfg.deepspeed.update_precision == "fp8" and not cfg.deepspeed.bf16:
+        problems.append("deepspeed.update_precision=fp8 writes its products in bf16 (torch's row-scaled FP8 kernel) "
+                        "and the actor trains in float32: set deepspeed.bf16=true (a GPU run: deepspeed=zero3_bf16), "
+                        "or deepspeed.update_precision=fp8_emulated to check the arithmetic in float32")
     if a.max_staleness > 1:
         problems.append(f"algo.max_staleness={a.max_staleness}: 0 or 1 (one rollout collected during the update)")
     if a.max_staleness and not (a.old_logprobs == "recompute" and a.tis_cap > 0):

@@ -386,6 +386,12 @@ class DeepSpeedConfig:
     trim_prompt_padding: bool = True
     """The update's and the recompute's forwards run on each micro-batch's longest prompt instead of the fixed prompt
     budget (the cut columns are masked keys; false keeps the budget's padding, as the anchors run it)."""
+    update_precision: str = "bf16"
+    """The actor's matrix products in the transformer blocks' linear layers, forward and backward: bf16 (the weights'
+    own dtype), fp8 (e4m3 on FP8 tensor cores, each operand scaled per row along its product's contraction, the
+    gradients e4m3 too; compute capability 8.9+, deepspeed.bf16=true; master weights and optimizer states as they
+    are) or fp8_emulated (the same quantisation multiplied in float32, any device: CPU checks). Embeddings, norms,
+    projectors and heads keep their dtype (`models/fp8_update.py`)."""
 
 
 @dataclass

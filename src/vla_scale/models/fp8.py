@@ -76,18 +76,18 @@ def fp8_linear(x: Tensor, w: Fp8Matrix, bias: Tensor | None, emulate: bool) -> T
     return out if bias is None else out + bias
 
 
-def fp8_problem(device: torch.device) -> str | None:
-    """Why `device` cannot run the FP8 products (None when it can)."""
-    fix = "use rollout.precision=bf16"
+def fp8_problem(device: torch.device, key: str = "rollout.precision=fp8",
+                fix: str = "use rollout.precision=bf16") -> str | None:
+    """Why `device` cannot run the FP8 products that setting `key` asks for (None when it can); `fix`: what to do."""
     if device.type != "cuda":
-        return (f"rollout.precision=fp8 multiplies on FP8 tensor cores, which the rollout device {device} does not "
-                f"have (it needs a CUDA GPU of compute capability 8.9 or newer: L4/L40S, H100, H200, B200); {fix}")
+        return (f"{key} multiplies on FP8 tensor cores, which the device {device} does not have (it needs a CUDA GPU "
+                f"of compute capability 8.9 or newer: L4/L40S, H100, H200, B200); {fix}")
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < FP8_CAPABILITY:
-        return (f"rollout.precision=fp8 needs FP8 tensor cores (compute capability 8.9 or newer); "
+        return (f"{key} needs FP8 tensor cores (compute capability 8.9 or newer); "
                 f"{torch.cuda.get_device_name(device)} has {major}.{minor}; {fix}")
     if not hasattr(torch, "_scaled_mm"):
-        return f"rollout.precision=fp8 needs torch._scaled_mm, which torch {torch.__version__} lacks; {fix}"
+        return f"{key} needs torch._scaled_mm, which torch {torch.__version__} lacks; {fix}"
     return None
 
 

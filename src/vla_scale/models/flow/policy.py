@@ -28,14 +28,17 @@ prefix cache is one (keys, values) pair per layer, batch first, so that the upda
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from vla_scale.models.critic import read_rows
+from vla_scale.models.flow.noise_head import PREFIX as NOISE_HEAD_PREFIX
 from vla_scale.models.flow.noise_head import NoiseHead
 from vla_scale.models.lora import ServesMerged
 from vla_scale.objectives.flow_noise import flow_noise_transition, step_entropy
@@ -102,6 +105,14 @@ def rounded_euler_times(num_steps: int, device: torch.device | str | None = None
     return times, torch.tensor(dt, dtype=torch.float32, device=device)
 
 
+def run_layer(layer: Callable[..., Any], index: int, recompute: int, training: bool, *args: Any) -> Any:
+    """Layer `index` of a joint stack run on `args`; in training it keeps only its inputs and recomputes the rest in
+    the backward pass when `recompute` says so (-1: every layer, else the first `recompute`)."""
+    if training and torch.is_grad_enabled() and (recompute < 0 or index < recompute):
+        return checkpoint(layer, *args, use_reentrant=False)
+    return layer(*args)
+
+
 class FlowPolicy(ServesMerged, nn.Module):
     """The flow-matching training loss, the Euler sampler and the RL chains over a family's passes (module
     docstring). With LoRA adapters (`models/lora.add_adapters`) it serves its weights merged (`served`)."""
@@ -114,6 +125,28 @@ class FlowPolicy(ServesMerged, nn.Module):
     """(times float32[K], dt) of K Euler steps from t = 1: the family's rounding of the schedule."""
 
     # ---- what a family implements -----------------------------------------------------------------------------------
+    def load_checked_state_dict(self, tensors: dict[str, Tensor], what: str, tied: tuple[str, str] | None = None
+                                ) -> None:
+        """Copy `tensors` (our names) in, refusing by name anything missing, unexpected or of another shape. `tied`:
+        a pair of names (LM head, token embedding) of which a saved state_dict may hold one standing for both; a
+        noise head's tensors may be left out (it keeps its own). `what` names the state_dict in the error."""
+        ours = self.state_dict()
+        head = {k for k in ours if k.startswith(NOISE_HEAD_PREFIX)}
+        whole = head <= set(tensors)
+        if not whole:
+            ours = {k: v for k, v in ours.items() if k not in head}
+        if tied is not None and (tied[0] in tensors or tied[1] in tensors):
+            tensors.setdefault(tied[0], tensors.get(tied[1])), tensors.setdefault(tied[1], tensors[tied[0]])
+        missing, unexpected = sorted(set(ours) - set(tensors)), sorted(set(tensors) - set(ours))
+        shapes = [f"{k} {tuple(tensors[k].shape)} (ours {tuple(ours[k].shape)})" for k in ours
+                  if k in tensors and tensors[k].shape != ours[k].shape]
+        problems = [f"{kind}: {', '.join(keys[:8])}{' ...' if len(keys) > 8 else ''}"
+                    for kind, keys in (("missing", missing), ("unexpected", unexpected), ("other shapes", shapes))
+                    if keys]
+        if problems:
+            raise ValueError(f"not a {what} state_dict of this spec; " + "; ".join(problems))
+        self.load_state_dict(tensors, strict=whole)
+
     @property
     def compute_dtype(self) -> torch.dtype:
         """The dtype the layers compute in."""

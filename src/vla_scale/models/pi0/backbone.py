@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 from transformers import SiglipVisionConfig, SiglipVisionModel
 
+from vla_scale.models.flow.policy import run_layer
 from vla_scale.models.pi0.gemma import GemmaForCausalLM, GemmaLayer, attend, gated, normalize, rotate
 from vla_scale.models.pi0.spec import Pi0Spec, SiglipSpec
 
@@ -156,10 +156,7 @@ class PaliGemmaWithExpert(nn.Module):
         for i in range(self.spec.paligemma.depth):
             layers: list[GemmaLayer] = [g.layers[i] for g in gemmas]
             args = (layers, hidden, conds, streams.mask, cos, sin, None if cache is None else cache[i])
-            if self.training and torch.is_grad_enabled() and (self.recompute < 0 or i < self.recompute):
-                hidden, kv = checkpoint(self._layer, *args, use_reentrant=False)
-            else:
-                hidden, kv = self._layer(*args)
+            hidden, kv = run_layer(self._layer, i, self.recompute, self.training, *args)
             if keep_cache:
                 kept.append(kv)
         out = [None if h is None else normalize(g.norm, h, c)[0] for g, h, c in zip(gemmas, hidden, conds,

@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vla_scale.models.flow.noise_head import PREFIX as NOISE_HEAD_PREFIX
 from vla_scale.models.flow.noise_head import NoiseHead
 from vla_scale.models.flow.policy import TIME_PERIODS, FlowChain, FlowInputs, FlowPolicy, additive, attention_allowed
 from vla_scale.models.flow.policy import time_embedding as time_embedding
@@ -96,24 +95,9 @@ class Pi0Policy(FlowPolicy):
         safetensors keeps only one, and that a noise head's tensors may be left out (it keeps its own); anything
         missing, unexpected or of another shape is refused by name."""
         tensors = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
-        ours = self.state_dict()
-        head = {k for k in ours if k.startswith(NOISE_HEAD_PREFIX)}
-        whole = head <= set(tensors)
-        if not whole:
-            ours = {k: v for k, v in ours.items() if k not in head}
-        head = "paligemma_with_expert.paligemma.lm_head.weight"
-        embed = "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
-        if head in tensors or embed in tensors:
-            tensors.setdefault(head, tensors.get(embed)), tensors.setdefault(embed, tensors[head])
-        missing, unexpected = sorted(set(ours) - set(tensors)), sorted(set(tensors) - set(ours))
-        shapes = [f"{k} {tuple(tensors[k].shape)} (ours {tuple(ours[k].shape)})" for k in ours
-                  if k in tensors and tensors[k].shape != ours[k].shape]
-        problems = [f"{what}: {', '.join(keys[:8])}{' ...' if len(keys) > 8 else ''}"
-                    for what, keys in (("missing", missing), ("unexpected", unexpected), ("other shapes", shapes))
-                    if keys]
-        if problems:
-            raise ValueError("not a π0 state_dict of this spec; " + "; ".join(problems))
-        self.load_state_dict(tensors, strict=whole)
+        self.load_checked_state_dict(tensors, "π0", ("paligemma_with_expert.paligemma.lm_head.weight",
+                                                     "paligemma_with_expert.paligemma.model.language_model."
+                                                     "embed_tokens.weight"))
 
     # ---- embeddings -------------------------------------------------------------------------------------------------
     @property

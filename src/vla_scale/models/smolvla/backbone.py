@@ -30,9 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
-from vla_scale.models.flow.policy import PrefixCache
+from vla_scale.models.flow.policy import PrefixCache, run_layer
 from vla_scale.models.smolvla.spec import SmolVLASpec
 from vla_scale.models.smolvla.vlm import DecoderLayer, Expert, SmolVLM
 
@@ -125,10 +124,7 @@ class SmolVLMWithExpert(nn.Module):
         kept: PrefixCache = []
         for i in range(self.spec.num_vlm_layers):
             args = (i, hidden, streams.mask, tables, None if cache is None else cache[i])
-            if self.training and torch.is_grad_enabled() and (self.recompute < 0 or i < self.recompute):
-                hidden, kv = checkpoint(self._layer, *args, use_reentrant=False)
-            else:
-                hidden, kv = self._layer(*args)
+            hidden, kv = run_layer(self._layer, i, self.recompute, self.training, *args)
             if keep_cache:
                 kept.append(kv)
         norms = [self.text_model.norm, self.lm_expert.norm]

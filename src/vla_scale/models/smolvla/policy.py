@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vla_scale.models.flow.noise_head import PREFIX as NOISE_HEAD_PREFIX
 from vla_scale.models.flow.noise_head import NoiseHead
 from vla_scale.models.flow.policy import (
     FlowInputs,
@@ -86,17 +85,8 @@ class SmolVLAPolicy(FlowPolicy):
         head's tensors may be left out (it keeps its own); anything missing, unexpected or of another shape is
         refused by name."""
         tensors = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
-        ours = self.state_dict()
-        head = {k for k in ours if k.startswith(NOISE_HEAD_PREFIX)}
-        whole = head <= set(tensors)
-        if not whole:
-            ours = {k: v for k, v in ours.items() if k not in head}
-        if self.spec.text.tie_word_embeddings:
-            _fill_tied(tensors)
-        problems = _state_dict_problems(ours, tensors)
-        if problems:
-            raise ValueError("not a SmolVLA state_dict of this spec; " + "; ".join(problems))
-        self.load_state_dict(tensors, strict=whole)
+        tied = (LM_HEAD, EMBED) if self.spec.text.tie_word_embeddings else None
+        self.load_checked_state_dict(tensors, "SmolVLA", tied)
 
     # ---- embeddings -------------------------------------------------------------------------------------------------
     @property
@@ -210,21 +200,6 @@ class SmolVLAPolicy(FlowPolicy):
 
 LM_HEAD = "vlm_with_expert.vlm.lm_head.weight"
 EMBED = "vlm_with_expert.vlm.model.text_model.embed_tokens.weight"
-
-
-def _fill_tied(tensors: dict[str, Tensor]) -> None:
-    """With tied embeddings a saved state_dict may hold only one of the pair: it stands for both."""
-    if LM_HEAD in tensors or EMBED in tensors:
-        tensors.setdefault(LM_HEAD, tensors.get(EMBED)), tensors.setdefault(EMBED, tensors[LM_HEAD])
-
-
-def _state_dict_problems(ours: dict[str, Tensor], theirs: dict[str, Tensor]) -> list[str]:
-    """Keys missing, unexpected or of another shape, each kind in one line naming (up to 8 of) them."""
-    missing, unexpected = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
-    shapes = [f"{k} {tuple(theirs[k].shape)} (ours {tuple(ours[k].shape)})" for k in ours
-              if k in theirs and theirs[k].shape != ours[k].shape]
-    return [f"{what}: {', '.join(keys[:8])}{' ...' if len(keys) > 8 else ''}"
-            for what, keys in (("missing", missing), ("unexpected", unexpected), ("other shapes", shapes)) if keys]
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -25,6 +25,7 @@ from vla_scale.batches import MicroBatch, MiniBatch, UpdatePlan
 from vla_scale.config import AlgoConfig, DeepSpeedConfig, LoraConfig, SftConfig
 from vla_scale.models.checkpoint_folders import copy_tensors
 from vla_scale.models.critic import PolicyWithValue, ValueHead, read_value_head, value_head_file
+from vla_scale.models.fp8_update import use_update_precision
 from vla_scale.models.interface import ChunkScorer, SupervisedBatch
 from vla_scale.models.lora import add_adapters
 from vla_scale.objectives import clipped_policy_loss, logprob_mismatch, truncated_is_weights
@@ -222,12 +223,14 @@ class Actor:
     def configure(self, ds: DeepSpeedConfig, algo: Training) -> None:
         """The settings of how updates run that may change between updates: the loss's (`algo`), prompt trimming and
         whether the optimizer states stream through the step (turned on: they leave the GPU now; off: they come
-        back), and with activation checkpointing how many Llama layers recompute. The DeepSpeed engine itself (ZeRO
-        stage, precision, whether checkpointing is on) stays as it was built."""
+        back), the precision of the blocks' matrix products (`deepspeed.update_precision`; `fp8_layers`: how many
+        multiply in FP8), and with activation checkpointing how many Llama layers recompute. The DeepSpeed engine
+        itself (ZeRO stage, precision, whether checkpointing is on) stays as it was built."""
         self.algo = algo
         if isinstance(algo, AlgoConfig):
             self.algorithm = self._same_needs(make_algorithm(algo))
         self.trim = ds.trim_prompt_padding
+        self.fp8_layers = use_update_precision(self.policy, ds.update_precision, self.device, ds.bf16)
         if self.checkpointing:
             self._recompute_layers(ds.recompute_layers)
         if ds.stream_optimizer_states and not self.streams_states:
