@@ -29,7 +29,9 @@ setup(
         "av==18.1.0",
     ],
     extras_require={
-        "dev": ["pytest==9.2.0", "pytest-timeout==2.4.0", "pytest-xdist==3.8.0", "ruff==0.17.6"],
+        # mmaemu: the H100's FP8 tensor-core products emulated bit for bit on the CPU, what the FP8 tests check
+        # the arithmetic of the GPU path against (tests/models/test_fp8_h100_products.py).
+        "dev": ["pytest==9.2.0", "pytest-timeout==2.4.0", "pytest-xdist==3.8.0", "ruff==0.17.6", "mmaemu==0.1.0"],
         # What LIBERO, robosuite and bddl import at run time. Those three themselves (and the scene assets) install
         # with --no-deps: their declared dependencies pull torchvision, wandb, robomimic... (`make libero`).
         "libero": [

@@ -59,6 +59,14 @@ its decodes went before the update's kernels, `rollout/ahead_urgent`); "GPU busy
 the same episodes, groups of one), and prints both rows and `rl_step ppo: step_ratio=<ppo / grpo> update_ratio=...
 peak_gib=<ppo's> grpo_peak_gib=...`: what the value head and its pass before the update cost.
 
+The update's levers, as `benchmarks/update_profile.py` names them, so that its best row runs as whole steps:
+`--recompute-layers K` (`deepspeed.recompute_layers`: the first K Llama layers recompute, the rest keep their
+activations), `--resident N` (`deepspeed.resident_sub_groups`: N sub-groups' optimizer states stay on the GPU) and
+`--update-precision fp8` (`deepspeed.update_precision`: the blocks' matrix products, forward and backward, on FP8
+tensor cores; on the CPU, a dry run, the same quantisation multiplied in float32: `fp8_emulated`). Our way only: the
+anchors' way keeps its own update (every layer recomputed, bf16 products). The last line then carries our way's mean
+step and the precision: `... step_s=<s> update_precision=<bf16|fp8>`.
+
 `--precision fp8` runs our way's rollouts on the FP8 engine (`rollout.precision=fp8`; the table's mismatch
 columns are then its gap to the actor, `train/mismatch_*`) and, after its steps, one rollout each with the FP8 and
 the bf16 products on the same engine and fleet settings, side by side (`rl_step rollouts fp8: ...`; with
@@ -133,6 +141,13 @@ def parse() -> argparse.Namespace:
     p.add_argument("--max-staleness", type=int, default=0, choices=(0, 1),
                    help="our way's algo.max_staleness (1: the next rollout during the update)")
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"), help="our way's rollout.precision")
+    p.add_argument("--update-precision", default="bf16", choices=("bf16", "fp8"),
+                   help="our way's deepspeed.update_precision (fp8: the blocks' products on FP8 tensor cores; "
+                        "fp8_emulated on the CPU)")
+    p.add_argument("--recompute-layers", type=int, default=None, metavar="K",
+                   help="our way's deepspeed.recompute_layers (-1: every layer; default: the config's)")
+    p.add_argument("--resident", type=int, default=None, metavar="N",
+                   help="our way's deepspeed.resident_sub_groups (optimizer states' sub-groups kept on the GPU)")
     p.add_argument("--action-head", default="tokens", choices=("tokens", "l1"),
                    help="model.action_head: l1 trains the L1-regression head's Gaussian (our way only: the anchors "
                         "cannot train it)")
@@ -223,6 +238,7 @@ def trainer_config(args: argparse.Namespace, substeps: int, gpu: bool | None = N
     ]
     if args.max_staleness:
         overrides += [f"algo.max_staleness={args.max_staleness}", "algo.tis_cap=2.0"]
+    overrides += lever_overrides(args, gpu)
     overrides += list(extra)
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
@@ -231,6 +247,23 @@ def trainer_config(args: argparse.Namespace, substeps: int, gpu: bool | None = N
         cfg = replace(cfg, model=replace(cfg.model, hidden_size=32, intermediate_size=64, num_layers=1,
                                          vision_dim=32, num_heads=2))
     return validate(cfg) if check else cfg
+
+
+def update_precision(name: str, gpu: bool) -> str:
+    """`deepspeed.update_precision` for `--update-precision name`: fp8 on FP8 tensor cores on a GPU; on the CPU
+    (dry runs) the same quantisation multiplied in float32, `fp8_emulated`, which the run's lines then name."""
+    return "fp8_emulated" if name == "fp8" and not gpu else name
+
+
+def lever_overrides(args: argparse.Namespace, gpu: bool) -> list[str]:
+    """The update's levers (`--recompute-layers`, `--resident`, `--update-precision`) as config overrides; the ones
+    not given keep the config's values."""
+    out = [f"deepspeed.update_precision={update_precision(getattr(args, 'update_precision', 'bf16'), gpu)}"]
+    if getattr(args, "recompute_layers", None) is not None:
+        out.append(f"deepspeed.recompute_layers={args.recompute_layers}")
+    if getattr(args, "resident", None) is not None:
+        out.append(f"deepspeed.resident_sub_groups={args.resident}")
+    return out
 
 
 def algo_overrides(args: argparse.Namespace) -> list[str]:
@@ -280,7 +313,8 @@ def anchors_update(cfg: Config, samples: int) -> Config:
                    old_logprobs_from_update=False, max_staleness=0, tis_cap=0.0)
     gpu = torch.cuda.is_available()
     ds = replace(cfg.deepspeed, stream_optimizer_states=False, trim_prompt_padding=False,
-                 offload_states_during_rollout=gpu, release_engine_during_update=gpu)
+                 offload_states_during_rollout=gpu, release_engine_during_update=gpu, recompute_layers=-1,
+                 resident_sub_groups=0, update_precision="bf16")
     return replace(cfg, algo=algo, deepspeed=ds)
 
 
@@ -773,7 +807,9 @@ def main(args: argparse.Namespace) -> None:
           "episodes/step="
           f"{cfg.algo.batch_size * cfg.algo.group_size} max_steps={cfg.env.max_steps} sim procs={procs} "
           f"stages={cfg.rollout.pipeline_stage_num} physics substeps/env step={substeps} (--sim-ms {args.sim_ms}) "
-          f"matmul {rate / 1e12:.1f} TFLOP/s; decode warm-up (compile) {warm_s:.1f}s"
+          f"matmul {rate / 1e12:.1f} TFLOP/s; decode warm-up (compile) {warm_s:.1f}s; update: "
+          f"{cfg.deepspeed.update_precision} products ({trainer.actor.fp8_layers} layers in FP8), recompute_layers="
+          f"{cfg.deepspeed.recompute_layers}, resident_sub_groups={cfg.deepspeed.resident_sub_groups}"
           + (f"; {cap} (our way)" if cap else ""), flush=True)
     if args.rollout_sweep is not None:
         if args.precision == "fp8":
@@ -874,7 +910,8 @@ def main(args: argparse.Namespace) -> None:
             json.dump({"args": vars(args), "setup_s": setup_s, "substeps": substeps, "matmul_flops": rate,
                        "forward_flops": flops, "alone_s": alone_s, "alone_mfu": alone_mfu, "rows": rows}, f, indent=1)
     print(f"rl_step: step_speedup={step_speedup:.2f} rollout_speedup={rollout_speedup:.2f} "
-          f"update_mfu={update_mfu:.2f} peak_gib={peak:.1f}", flush=True)
+          f"update_mfu={update_mfu:.2f} peak_gib={peak:.1f} step_s={mean(ours, 'step_s'):.2f} "
+          f"update_precision={cfg.deepspeed.update_precision}", flush=True)
     sys.stdout.flush()
     os._exit(0)  # Ray's and DeepSpeed's threads can hold the interpreter at exit
 

@@ -21,7 +21,9 @@ The trainer is built and warmed up as `benchmarks/rl_step.py` builds it (the sam
    (`deepspeed.recompute_layers`, -1 all), `resident` sub-groups whose optimizer states stay on the GPU
    (`deepspeed.resident_sub_groups`), `overlap` 0 to queue the streamed states' copies on the compute stream in turn
    (1: on two copy streams of their own, beside the step: the default), `gib` the memory cap (0: the whole card),
-   `kernels` eager or liger (`model.kernels`; the actor's live layers swapped for that row only; liger on a GPU).
+   `kernels` eager or liger (`model.kernels`; the actor's live layers swapped for that row only; liger on a GPU),
+   `precision` bf16 or fp8 (`deepspeed.update_precision`: the blocks' products on FP8 tensor cores; a CPU dry run
+   multiplies them as `fp8_emulated`, in float32).
    Each row: seconds, MFU (three forward-equivalents of model FLOPs per sample, as rl_step counts them), peak GiB,
    cache flushes. A variant that runs out of memory says so.
 
@@ -73,9 +75,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--max-staleness", type=int, default=1, choices=(0, 1),
                    help="1 (default): the engine's weights stay on the GPU through the update, as in the loop")
     p.add_argument("--variants", nargs="*", default=[], metavar="KEY=VALUE,...",
-                   help="levers, each one update alone: mb, recompute, resident, overlap, gib, kernels (docstring)")
+                   help="levers, each one update alone: mb, recompute, resident, overlap, gib, kernels, precision "
+                        "(docstring)")
     p.add_argument("--profile", nargs="*", default=[""], metavar="KEY=VALUE,...",
-                   help="profile one update under each of these variants ('': as configured; none: no profile)")
+                   help="profile one update under each of these variants ('': as configured; none alone: no "
+                        "profile, only the levers' rows)")
     p.add_argument("--loop-steps", type=int, default=0,
                    help="whole RL steps timed after the warm-up one (the update inside the loop, beside the rollout "
                         "ahead with --max-staleness 1)")
@@ -84,8 +88,13 @@ def parse() -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="CPU: the whole script at a tiny size, in seconds")
     args = p.parse_args()
     for name, value in (("lora_rank", 0), ("precision", "bf16"), ("action_head", "tokens"), ("run_algo", ""),
-                        ("steps", 1), ("warmup_steps", 0), ("only_ours", True)):
+                        ("steps", 1), ("warmup_steps", 0), ("only_ours", True), ("recompute_layers", None),
+                        ("resident", None), ("update_precision", "bf16")):
         setattr(args, name, value)  # what rl_step's settings read
+    if "none" in args.profile:
+        if len(args.profile) > 1:
+            p.error(f"--profile none means no profile: leave out the others ({' '.join(args.profile)})")
+        args.profile = []
     for text in args.variants + args.profile:
         Variant.parse(text)  # a bad one ends here, before anything is built
     return args
@@ -102,11 +111,12 @@ class Variant:
     overlap: bool = True
     gib: float | None = None
     kernels: str | None = None
+    precision: str | None = None
     keys: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str) -> Variant:
-        known = {"mb", "recompute", "resident", "overlap", "gib", "kernels"}
+        known = {"mb", "recompute", "resident", "overlap", "gib", "kernels", "precision"}
         v = cls(text)
         for part in filter(None, text.split(",")):
             key, sep, value = part.partition("=")
@@ -120,6 +130,10 @@ class Variant:
                 if value not in KERNELS:
                     raise SystemExit(f"--variants {text!r}: kernels={value!r} is not one of {', '.join(KERNELS)}")
                 v.kernels = value
+            elif key == "precision":
+                if value not in ("bf16", "fp8"):
+                    raise SystemExit(f"--variants {text!r}: precision={value!r} is not bf16 or fp8")
+                v.precision = value
             else:
                 setattr(v, key, int(value))
         return v
@@ -131,6 +145,8 @@ class Variant:
             ds = replace(ds, recompute_layers=self.recompute)
         if self.resident is not None:
             ds = replace(ds, resident_sub_groups=self.resident)
+        if self.precision is not None:
+            ds = replace(ds, update_precision=rl_step.update_precision(self.precision, torch.cuda.is_available()))
         return replace(cfg, algo=algo, deepspeed=ds)
 
 

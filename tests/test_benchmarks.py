@@ -70,7 +70,7 @@ def test_rl_step_dry_run_at_7b_checks_the_plan_and_memory_without_building_the_p
 def test_rl_step_dry_run_prints_both_ways_and_the_last_line():
     lines = rl_step("--memory-gib", "80", "--micro-batch", "4")
     assert re.fullmatch(r"rl_step: step_speedup=\d+\.\d\d rollout_speedup=\d+\.\d\d update_mfu=\d+\.\d\d "
-                        r"peak_gib=(nan|\d+\.\d)", lines[-1]), lines[-1]
+                        r"peak_gib=(nan|\d+\.\d) step_s=\d+\.\d\d update_precision=bf16", lines[-1]), lines[-1]
     rows = [line for line in lines if line.startswith(("| ours |", "| anchors |"))]
     assert {row.split("|")[1].strip() for row in rows} == {"ours", "anchors"}
     assert any("| rollout GiB | update GiB | sync GiB | peak GiB |" in line for line in lines)
@@ -90,7 +90,7 @@ def test_rl_step_dry_run_with_the_rollout_during_the_update(tmp_path):
     figures = tmp_path / "rl_step.json"
     lines = rl_step("--max-staleness", "1", "--micro-batch", "4", "--json", str(figures))
     assert re.fullmatch(r"rl_step: step_speedup=\d+\.\d\d rollout_speedup=\d+\.\d\d update_mfu=\d+\.\d\d "
-                        r"peak_gib=(nan|\d+\.\d)", lines[-1]), lines[-1]
+                        r"peak_gib=(nan|\d+\.\d) step_s=\d+\.\d\d update_precision=bf16", lines[-1]), lines[-1]
     rows = json.loads(figures.read_text())["rows"]
     ours, anchors = ([r for r in rows if r["way"] == way] for way in ("ours", "anchors"))
     assert all(r["time/rollout_ahead_s"] > 0 for r in ours)  # the next step's rollout ran during this update
@@ -99,8 +99,13 @@ def test_rl_step_dry_run_with_the_rollout_during_the_update(tmp_path):
 
 
 def test_rl_step_dry_runs_of_lora_with_the_l1_head_and_the_update_sweep():
-    lines = rl_step("--lora-rank", "4", "--action-head", "l1")
-    assert re.fullmatch(r"rl_step: step_speedup=nan rollout_speedup=nan update_mfu=\d+\.\d\d peak_gib=nan", lines[-1])
+    # and the update's levers: LoRA's base products in FP8 (emulated on the CPU), a ViT block's and a Llama layer's
+    lines = rl_step("--lora-rank", "4", "--action-head", "l1", "--update-precision", "fp8", "--recompute-layers", "0",
+                    "--resident", "1")
+    assert re.fullmatch(r"rl_step: step_speedup=nan rollout_speedup=nan update_mfu=\d+\.\d\d peak_gib=nan "
+                        r"step_s=\d+\.\d\d update_precision=fp8_emulated", lines[-1]), lines[-1]
+    assert any("update: fp8_emulated products (11 layers in FP8), recompute_layers=0, resident_sub_groups=1" in line
+               for line in lines)
     assert any("update FLOPs = 2 x forward" in line for line in lines)  # no weight gradients of the frozen base
     assert any("action_head=l1" in line for line in lines) and not any(line.startswith("| anchors |") for line in lines)
     lines = rl_step("--update-sweep", "4", "8")
@@ -257,6 +262,32 @@ def test_update_profile_dry_run_profiles_the_phases_and_runs_every_lever():
             no_gpu.stdout + no_gpu.stderr)
 
 
+def test_update_profile_profile_none_runs_only_the_levers_and_fp8_is_one():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "update_profile.py"), "--model", "tiny",
+                           "--dry-run", "--profile", "none", "--variants", "precision=fp8"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=script_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert not any(line.startswith(("profile of one update", "| forward")) for line in lines)
+    assert sum(line.startswith("| precision=fp8 |") for line in lines) == 2
+    assert lines[-1].startswith("update_profile: base_s=")
+    both = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "update_profile.py"), "--profile", "none", "mb=4"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=script_env())
+    assert both.returncode != 0 and "--profile none means no profile" in both.stderr
+
+
+def test_fp8_drift_dry_run_puts_the_fp8_products_beside_bf16s_spread():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fp8_drift.py"), "--model", "tiny", "--dry-run",
+                           "--rows", "8", "--micro-batch", "4"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=script_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert [line.split(" | ")[0] for line in lines[-3:-1]] == ["| bf16 reordered", "| fp8_emulated"]
+    figures = dict(kv.split("=") for kv in lines[-1].removeprefix("fp8_drift: ").split())
+    assert figures["model"] == "tiny" and figures["precision"] == "fp8_emulated"
+    assert 0 < float(figures["fp8_mean"]) <= float(figures["fp8_max"]) < 0.5 and float(figures["fp8_grad_cos"]) > 0.99
+
+
 def test_pi0_scale_dry_run_decodes_and_plays_an_rl_step():
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pi0_scale.py"), "--dry-run"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, env=script_env())
@@ -295,7 +326,7 @@ def test_rl_step_pair_in_two_calls_the_anchors_alone_then_ours_against_their_row
     assert [r["way"] for r in json.loads(saved.read_text())["rows"]] == ["anchors"]
     lines = rl_step("--anchors-from", str(saved), "--micro-batch", "4", "--memory-gib", "80")
     assert re.fullmatch(r"rl_step: step_speedup=\d+\.\d\d rollout_speedup=\d+\.\d\d update_mfu=\d+\.\d\d "
-                        r"peak_gib=(nan|\d+\.\d)", lines[-1]), lines[-1]
+                        r"peak_gib=(nan|\d+\.\d) step_s=\d+\.\d\d update_precision=bf16", lines[-1]), lines[-1]
     rows = [line.split("|")[1].strip() for line in lines if line.startswith(("| ours |", "| anchors |"))]
     assert rows.count("ours") == 2 and rows.count("anchors") == 1  # ours as it ran and in the table; theirs read
     assert any(f"the anchors' rows from {saved} (cpu)" in line for line in lines)

@@ -459,7 +459,7 @@ LIVE_OFFICIAL = textwrap.dedent("""
     from vla_scale.envs.libero import NOOP_ACTION, LiberoEnv, load_init_states, task_names
     from vla_scale.envs.types import TaskSpec
 
-    RES, SETTLE, CHUNKS = 256, 10, 3
+    RES, SETTLE, CHUNKS = 128, 10, 2
     rng = np.random.default_rng(0)
     actions = np.concatenate([rng.uniform(-0.5, 0.5, (CHUNKS, 8, 6)), np.sign(rng.uniform(-1, 1, (CHUNKS, 8, 1)))], 2)
     libero_install.ensure_config()

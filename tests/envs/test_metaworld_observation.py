@@ -99,4 +99,5 @@ def test_a_pi0_policy_trained_on_one_observation_is_refused_on_another() -> None
     assert any("was trained on 7-d states but env 'metaworld' gives 4-d states (agent): set "
                "env.metaworld.observation=agent_goal to play it" in p for p in trained.check_env(agent))
     full = shipped("env.metaworld.observation=full", "model=pi0_tiny").env
-    assert any("39-d proprio states but the policy's action size is 8" in p for p in trained.check_env(full))
+    assert any("39-d proprio states but the policy's state size is 8: set model.pi0.action_dim >= 39" in p
+               for p in trained.check_env(full))

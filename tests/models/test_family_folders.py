@@ -97,6 +97,6 @@ def test_the_third_family_is_its_folder_and_one_registry_entry() -> None:
              and p.parent.name != "smolvla" and p.name != "registry.py"]
     assert named == []
     top = {p.stem for p in (SRC / "models").glob("*.py")}
-    shared = {"__init__", "checkpoint_folders", "critic", "families", "family", "fp8", "hub", "interface", "kernels",
-              "lerobot_folders", "liger", "lora", "registry", "tokenizer"}
+    shared = {"__init__", "checkpoint_folders", "critic", "families", "family", "fp8", "fp8_update", "hub", "interface",
+              "kernels", "lerobot_folders", "liger", "lora", "registry", "tokenizer"}
     assert top == shared, "a family's module at the top of models/"

@@ -6,8 +6,8 @@ them), at most `num_images` cameras (the first ones, primary first; slots left o
 prompts fit the budget. What fits demonstrations: a horizon no longer than the shortest episode (its chunks would be
 mostly padding), robot vectors within the model's widths, prompts within the budget. The rollout engine decodes it
 (`processor`, `chunk_decoder`: `models/flow/rollout.py`): noise-free for evaluation, for RL a Flow-SDE chain of noise
-level `noise_level` or a Flow-Noise chain (`rl_noise`), whose chunks the actor scores again (`chunk_scorer`); GRPO,
-PPO and RLOO train it (PPO's value head reads the prefix, `value_width` wide). With Flow-Noise every policy it builds
+level `noise_level` or a Flow-Noise chain (`rl_noise`), whose chunks the actor scores again (`chunk_scorer`); every
+algorithm trains it (a critic's value head reads the prefix, `value_width` wide). With Flow-Noise every policy it builds
 carries the noise head (`noise_std` its bounds): loaded from the checkpoint folder's `noise_head.safetensors` when it
 has one, else freshly initialised (an SFT folder), as `describe` says.
 """
@@ -131,7 +131,7 @@ class FlowSource:
         return []
 
     def training_problems(self, critic: bool = False) -> list[str]:
-        """GRPO, PPO and RLOO train it (PPO's value head reads the prefix: `FlowPolicy.value_features`)."""
+        """Every algorithm trains it (a critic's value head reads the prefix: `FlowPolicy.value_features`)."""
         return []
 
     def recording_problems(self) -> list[str]:
