@@ -288,15 +288,17 @@ def test_fp8_drift_dry_run_puts_the_fp8_products_beside_bf16s_spread():
     assert 0 < float(figures["fp8_mean"]) <= float(figures["fp8_max"]) < 0.5 and float(figures["fp8_grad_cos"]) > 0.99
 
 
-def test_pi0_scale_dry_run_decodes_and_plays_an_rl_step():
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pi0_scale.py"), "--dry-run"],
+@pytest.mark.parametrize("model", ["pi0", "smolvla"])
+def test_pi0_scale_dry_run_decodes_and_plays_an_rl_step(model: str):
+    """Each flow family at toy size: the decode, its FLOPs split, one RL step and the update alone."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pi0_scale.py"), "--dry-run", "--model", model],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, env=script_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert any(line.startswith("| ours sample_actions | ") for line in lines)
     assert any(line.startswith("| ours sample_chain (Flow-SDE) | ") for line in lines)
     assert any(line.startswith("update alone on ") for line in lines)
-    assert re.fullmatch(r"pi0_scale: model=pi0_tiny kernels=eager decode_s=\d+\.\d{4} openpi_s=nan ratio=nan "
+    assert re.fullmatch(rf"pi0_scale: model={model}_tiny kernels=eager decode_s=\d+\.\d{{4}} openpi_s=nan ratio=nan "
                         r"step_s=\d+\.\d\d peak_gib=nan decode_mfu=\d+\.\d{3} vs_openpi_compiled=nan "
                         r"vs_openpi_eager=nan", lines[-1])
     assert any(line.startswith("decode FLOPs: ") for line in lines)
