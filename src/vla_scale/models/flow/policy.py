@@ -105,6 +105,33 @@ def rounded_euler_times(num_steps: int, device: torch.device | str | None = None
     return times, torch.tensor(dt, dtype=torch.float32, device=device)
 
 
+def init_linear(module: nn.Module) -> None:
+    """A fresh flow policy's init of a linear or embedding module: weights normal(0, 0.02), biases and an
+    embedding's padding row 0 (other modules keep theirs)."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=0.02)
+        if module.padding_idx is not None:
+            nn.init.zeros_(module.weight[module.padding_idx])
+
+
+def gathered(init: Callable[[nn.Module], None], kinds: tuple[type[nn.Module], ...]) -> Callable[[nn.Module], None]:
+    """`init` of one module of `kinds` whose parameters are ZeRO-3 shards: gathered, set on rank 0, scattered back
+    (`Module.apply` over a policy built inside `deepspeed.zero.Init`)."""
+
+    def apply(module: nn.Module) -> None:
+        if isinstance(module, kinds):
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=0):
+                init(module)
+
+    return apply
+
+
 def run_layer(layer: Callable[..., Any], index: int, recompute: int, training: bool, *args: Any) -> Any:
     """Layer `index` of a joint stack run on `args`; in training it keeps only its inputs and recomputes the rest in
     the backward pass when `recompute` says so (-1: every layer, else the first `recompute`)."""

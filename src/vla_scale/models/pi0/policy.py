@@ -30,7 +30,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vla_scale.models.flow.noise_head import NoiseHead
-from vla_scale.models.flow.policy import TIME_PERIODS, FlowChain, FlowInputs, FlowPolicy, additive, attention_allowed
+from vla_scale.models.flow.policy import (
+    TIME_PERIODS,
+    FlowChain,
+    FlowInputs,
+    FlowPolicy,
+    additive,
+    attention_allowed,
+    gathered,
+    init_linear,
+)
 from vla_scale.models.flow.policy import time_embedding as time_embedding
 from vla_scale.models.pi0.backbone import KVCache, PaliGemmaWithExpert, Streams
 from vla_scale.models.pi0.gemma import AdaRMSNorm
@@ -86,7 +95,7 @@ class Pi0Policy(FlowPolicy):
         built; each initialised module is then gathered while its init runs (the same draws, in the same order).
         `noise_std`: with Flow-Noise's noise head of these std bounds."""
         policy = cls(spec, zero3_init, noise_std)
-        policy.apply(_init_gathered if zero3_init else _init_weights)
+        policy.apply(gathered(_init_weights, (nn.Linear, nn.Embedding, AdaRMSNorm)) if zero3_init else _init_weights)
         return policy if zero3_init else policy.to(dtype=dtype, device=device)
 
     def load_openpi_state_dict(self, tensors: dict[str, Tensor], prefix: str = "") -> None:
@@ -213,22 +222,6 @@ class Pi0Policy(FlowPolicy):
 
 def _init_weights(module: nn.Module) -> None:
     """A fresh policy's init (`Pi0Policy.from_spec`; `Module.apply` visits an adaRMS norm after its `dense`)."""
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, std=0.02)
-        if module.padding_idx is not None:
-            nn.init.zeros_(module.weight[module.padding_idx])
-    elif isinstance(module, AdaRMSNorm):
+    init_linear(module)
+    if isinstance(module, AdaRMSNorm):
         nn.init.zeros_(module.dense.weight), nn.init.zeros_(module.dense.bias)
-
-
-def _init_gathered(module: nn.Module) -> None:
-    """`_init_weights` of one module whose parameters are ZeRO-3 shards: gathered, set on rank 0, scattered back."""
-    if isinstance(module, nn.Linear | nn.Embedding | AdaRMSNorm):
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=0):
-            _init_weights(module)

@@ -37,6 +37,8 @@ from vla_scale.models.flow.policy import (
     PrefixCache,
     additive,
     attention_allowed,
+    gathered,
+    init_linear,
     rounded_euler_times,
     time_embedding,
 )
@@ -75,7 +77,7 @@ class SmolVLAPolicy(FlowPolicy):
         an empty shard once built; each initialised module is then gathered while its init runs (the same draws, in
         the same order). `noise_std`: with Flow-Noise's noise head of these std bounds."""
         policy = cls(spec, zero3_init, noise_std)
-        policy.apply(_init_gathered if zero3_init else _init_weights)
+        policy.apply(gathered(init_linear, (nn.Linear, nn.Embedding)) if zero3_init else init_linear)
         return policy if zero3_init else policy.to(dtype=dtype, device=device)
 
     def load_lerobot_state_dict(self, tensors: dict[str, Tensor], prefix: str = "model.") -> None:
@@ -200,22 +202,3 @@ class SmolVLAPolicy(FlowPolicy):
 
 LM_HEAD = "vlm_with_expert.vlm.lm_head.weight"
 EMBED = "vlm_with_expert.vlm.model.text_model.embed_tokens.weight"
-
-
-def _init_weights(module: nn.Module) -> None:
-    """A fresh policy's init of one module (`SmolVLAPolicy.from_spec`)."""
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, std=0.02)
-
-
-def _init_gathered(module: nn.Module) -> None:
-    """`_init_weights` of one module whose parameters are ZeRO-3 shards: gathered, set on rank 0, scattered back."""
-    if isinstance(module, nn.Linear | nn.Embedding):
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=0):
-            _init_weights(module)
