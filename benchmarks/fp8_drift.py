@@ -75,9 +75,9 @@ def rows_of(inputs, index: Tensor):
 
 
 def one_pass(policy: nn.Module, inputs, tokens: Tensor, advantages: Tensor, order: Tensor, micro: int,
-             temperature: float, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Per-token log-probs [rows, tokens] (rows in their own order) and the flattened gradient of the surrogate loss,
-    over the rows in `order`, `micro` rows per forward."""
+             temperature: float, device: torch.device) -> Tensor:
+    """Per-token log-probs [rows, tokens] (rows in their own order) over the rows in `order`, `micro` rows per
+    forward; the surrogate loss's gradient is left in the parameters' `.grad`."""
     policy.zero_grad(set_to_none=True)
     out = torch.empty(tokens.shape, dtype=torch.float32)
     total = tokens.numel()
@@ -88,14 +88,30 @@ def one_pass(policy: nn.Module, inputs, tokens: Tensor, advantages: Tensor, orde
         loss = -(advantages[index].to(device)[:, None] * logprobs.float()).sum() / total
         loss.backward()
         out[index] = logprobs.detach().float().cpu()
-    grad = torch.cat([p.grad.float().flatten() for p in policy.parameters() if p.grad is not None])
-    return out, grad
+    return out
 
 
-def drift(logprobs: Tensor, reference: Tensor, grad: Tensor, reference_grad: Tensor) -> dict[str, float]:
+def gradients(policy: nn.Module) -> list[Tensor]:
+    """The parameters' gradients, copied to the host in their own dtype (a 7B's float32 gradient, flattened, would
+    not fit beside the policy on an 80 GB card)."""
+    return [p.grad.to("cpu", copy=True) for p in policy.parameters() if p.grad is not None]
+
+
+def cosine(policy: nn.Module, reference: list[Tensor]) -> float:
+    """The cosine between the parameters' gradients now and `reference`, summed parameter by parameter in float64."""
+    dot = norm = norm_ref = 0.0
+    grads = [p.grad for p in policy.parameters() if p.grad is not None]
+    for grad, ref in zip(grads, reference, strict=True):
+        g, r = grad.float(), ref.to(grad.device).float()
+        dot += (g * r).sum(dtype=torch.float64).item()
+        norm += g.square().sum(dtype=torch.float64).item()
+        norm_ref += r.square().sum(dtype=torch.float64).item()
+    return dot / max(norm * norm_ref, 1e-300) ** 0.5
+
+
+def drift(logprobs: Tensor, reference: Tensor, cos: float) -> dict[str, float]:
     gap = (logprobs - reference).abs()
-    cos = torch.nn.functional.cosine_similarity(grad, reference_grad, dim=0)
-    return {"mean": gap.mean().item(), "max": gap.max().item(), "cos": cos.item()}
+    return {"mean": gap.mean().item(), "max": gap.max().item(), "cos": cos}
 
 
 def main(args: argparse.Namespace) -> None:
@@ -120,17 +136,21 @@ def main(args: argparse.Namespace) -> None:
     print(f"fp8_drift setup {time.perf_counter() - start:.1f}s: model={cfg.model.name} device={device} dtype={dtype} "
           f"rows={args.rows} tokens={tokens.numel()} micro-batch={args.micro_batch}", flush=True)
     rows = torch.arange(args.rows)
-    passes = {}
+    passes, reference_grad = {}, None
     for name, order, micro, how in (("bf16", rows, args.micro_batch, "bf16"),
                                     ("bf16 reordered", rows.flip(0), max(1, args.micro_batch // 2), "bf16"),
                                     (precision, rows, args.micro_batch, precision)):
         layers = use_update_precision(policy, how, device, bf16=dtype == torch.bfloat16)
         t0 = time.perf_counter()
-        passes[name] = one_pass(policy, inputs, tokens, advantages, order, micro, args.temperature, device)
+        logprobs = one_pass(policy, inputs, tokens, advantages, order, micro, args.temperature, device)
         print(f"{name}: {time.perf_counter() - t0:.2f}s ({layers} layers in FP8)", flush=True)
-    reference = passes["bf16"]
-    spread = drift(*passes["bf16 reordered"][:1], reference[0], passes["bf16 reordered"][1], reference[1])
-    fp8 = drift(passes[precision][0], reference[0], passes[precision][1], reference[1])
+        if reference_grad is None:
+            passes[name], reference_grad = (logprobs, 1.0), gradients(policy)
+        else:
+            passes[name] = (logprobs, cosine(policy, reference_grad))
+    reference = passes["bf16"][0]
+    spread = drift(*passes["bf16 reordered"][:1], reference, passes["bf16 reordered"][1])
+    fp8 = drift(passes[precision][0], reference, passes[precision][1])
     print("\n| against bf16 | mean abs d log p | max abs d log p | gradient cosine |\n|---|---|---|---|")
     for name, d in (("bf16 reordered", spread), (precision, fp8)):
         print(f"| {name} | {d['mean']:.2e} | {d['max']:.2e} | {d['cos']:.6f} |")

@@ -27,11 +27,17 @@ fast mode; both gradients promote their partial sums to float32 as they go (`use
 gradient's contraction runs over every token of a micro-batch, thousands of products.
 
 On CUDA the products run through `torch._scaled_mm` with the row scales in its epilogue (output in the activations'
-dtype, bf16). `fp8_emulated` runs the same quantisation and multiplies the dequantised values in float32 on any
-device: what the CPU tests and dry runs check; it is chosen by name, never as a fallback (`update_problem`).
+dtype, bf16), and each quantisation (the amax, the scaling, the cast, and for the weight gradient's operands the
+transpose and the padding) is one compiled function (`_fused`): run eagerly, each is a pass of its own over the
+operand, and those passes cost more than the FP8 products save (docs/performance.md). `fp8_emulated` runs the
+same quantisation and multiplies the dequantised values in float32 on any device: what the CPU tests and dry runs
+check; it is chosen by name, never as a fallback (`update_problem`).
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +54,9 @@ KEY = "deepspeed.update_precision"
 BLOCK_LISTS = ("layers", "blocks")
 """Module lists whose entries are transformer blocks: their linear layers multiply in FP8."""
 ALIGN = 16  # FP8 tensor cores take matrices whose sides are multiples of 16
+GRADIENT_FAST_ACCUM = False
+"""Whether the two gradients' products accumulate in the tensor cores' fast mode, as the forward's do (module
+docstring: they promote their partial sums to float32 as they go)."""
 
 
 def update_problem(precision: str, device: torch.device, bf16: bool) -> str | None:
@@ -70,6 +79,32 @@ def _rows(t: Tensor) -> tuple[Tensor, Tensor]:
     return data.contiguous(), scale
 
 
+def _token_rows(t: Tensor, align: int) -> tuple[Tensor, Tensor]:
+    """`_rows` of t [tokens, features] taken over the tokens: rows [features, tokens'], tokens' padded with zero
+    tokens to a multiple of `align` (zeros add nothing to the product and change no row's largest magnitude)."""
+    rows = t.t()
+    pad = -rows.shape[1] % align
+    return _rows(F.pad(rows, (0, pad)) if pad else rows)
+
+
+@functools.cache
+def _fused(fn: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., tuple[Tensor, Tensor]]:
+    """`fn` compiled once per process: the amax, the scaling, the cast (and the transpose and the padding) fused into
+    a kernel or two that read the operand once, where eager runs each as a pass over it."""
+    return torch.compile(fn, dynamic=True)
+
+
+def _quantised(t: Tensor, emulate: bool) -> tuple[Tensor, Tensor]:
+    """`_rows(t)`, fused on a GPU (the same arithmetic elsewhere: the CPU checks of the CUDA path run it eager)."""
+    return _fused(_rows)(t) if t.is_cuda and not emulate else _rows(t)
+
+
+def _quantised_over_tokens(t: Tensor, emulate: bool) -> tuple[Tensor, Tensor]:
+    """`_token_rows(t)`, padded for the tensor cores unless `emulate`, fused on a GPU."""
+    align = 1 if emulate else ALIGN
+    return _fused(_token_rows)(t, align) if t.is_cuda and not emulate else _token_rows(t, align)
+
+
 def _product(a: Tensor, scale_a: Tensor, b: Tensor, scale_b: Tensor, out_dtype: torch.dtype, fast: bool,
              emulate: bool) -> Tensor:
     """(a * scale_a) @ (b * scale_b)ᵀ for rows quantised along the contraction: a [M, K], b [N, K] -> [M, N]."""
@@ -79,14 +114,6 @@ def _product(a: Tensor, scale_a: Tensor, b: Tensor, scale_b: Tensor, out_dtype: 
                             out_dtype=out_dtype, use_fast_accum=fast)
 
 
-def _over_tokens(t: Tensor, emulate: bool) -> Tensor:
-    """t [tokens, features] as rows over the tokens [features, tokens'], tokens' padded with zero tokens to a
-    multiple of 16 on tensor cores (zeros add nothing to the product and change no row's largest magnitude)."""
-    rows = t.t()
-    pad = 0 if emulate else -rows.shape[1] % ALIGN
-    return F.pad(rows, (0, pad)) if pad else rows
-
-
 class Fp8LinearFunction(torch.autograd.Function):
     """`F.linear(x, weight, bias)` with its three products in e4m3 (module docstring); gradients in the dtypes of
     the input and the weight."""
@@ -94,7 +121,7 @@ class Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, emulate: bool) -> Tensor:  # type: ignore[override]
         rows = x.reshape(-1, x.shape[-1])
-        y = _product(*_rows(rows), *_rows(weight), x.dtype, True, emulate)
+        y = _product(*_quantised(rows, emulate), *_quantised(weight, emulate), x.dtype, True, emulate)
         ctx.save_for_backward(x, weight)
         ctx.emulate, ctx.bias_dtype = emulate, None if bias is None else bias.dtype
         y = y.view(*x.shape[:-1], weight.shape[0])
@@ -106,11 +133,12 @@ class Fp8LinearFunction(torch.autograd.Function):
         g = grad.reshape(-1, grad.shape[-1])
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = _product(*_rows(g), *_rows(weight.t()), x.dtype, False, ctx.emulate).view(x.shape)
+            grad_x = _product(*_quantised(g, ctx.emulate), *_quantised(weight.t(), ctx.emulate), x.dtype,
+                              GRADIENT_FAST_ACCUM, ctx.emulate).view(x.shape)
         if ctx.needs_input_grad[1]:
             rows = x.reshape(-1, x.shape[-1])
-            grad_w = _product(*_rows(_over_tokens(g, ctx.emulate)), *_rows(_over_tokens(rows, ctx.emulate)),
-                              weight.dtype, False, ctx.emulate)
+            grad_w = _product(*_quantised_over_tokens(g, ctx.emulate), *_quantised_over_tokens(rows, ctx.emulate),
+                              weight.dtype, GRADIENT_FAST_ACCUM, ctx.emulate)
         if ctx.needs_input_grad[2]:
             grad_b = g.sum(0).to(ctx.bias_dtype)
         return grad_x, grad_w, grad_b, None
