@@ -32,10 +32,15 @@ out as matmuls while it counts, `attention_as_matmuls`: the same multiply-adds, 
 
 `--kernels liger` runs our policy with Liger Kernel's Triton kernels (`model.kernels`, models/kernels.py).
 
-Last line: `pi0_scale: model=<m> kernels=<k> decode_s=<ours> openpi_s=<openpi eager, or nan> ratio=<openpi / ours>
-step_s=<mean, or nan> peak_gib=<the steps' peak> decode_mfu=<our decode's model FLOPs / its seconds / the matmul
-rate> vs_openpi_compiled=<openpi compiled / ours, or nan>
-vs_openpi_eager=<openpi eager / ours, or nan>`.
+`--precision fp8` times our decode twice in one process: bf16, then with the prefix pass's products in FP8 as the
+rollout engine runs them under `rollout.precision=fp8` (`models/flow/fp8.py`: the vision tower's and the VLM's
+linear layers on FP8 tensor cores; emulated in float32 on a CPU); the table has both, the FP8 actions' largest
+difference from bf16's, and `decode_s` is then FP8's. The RL steps run the FP8 engine too (on a GPU).
+
+Last line: `pi0_scale: model=<m> kernels=<k> precision=<bf16|fp8> decode_s=<ours> openpi_s=<openpi eager, or nan>
+ratio=<openpi / ours> step_s=<mean, or nan> peak_gib=<the steps' peak> decode_mfu=<our decode's model FLOPs / its
+seconds / the matmul rate> vs_openpi_compiled=<openpi compiled / ours, or nan> vs_openpi_eager=<openpi eager / ours,
+or nan>`.
 """
 
 from __future__ import annotations
@@ -57,7 +62,9 @@ from typing import Any
 
 import torch
 
+from vla_scale.models.flow.fp8 import PrefixFp8
 from vla_scale.models.flow.policy import FlowInputs, FlowPolicy
+from vla_scale.models.fp8 import PRECISIONS
 from vla_scale.models.kernels import KERNELS, use_kernels
 from vla_scale.models.pi0.policy import Pi0Policy
 from vla_scale.models.pi0.spec import PRESETS as PI0_PRESETS
@@ -82,6 +89,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--openpi", default="", help="DIR with openpi's source (DIR/src/openpi) and the wheels (DIR/wheels)")
     p.add_argument("--openpi-compile", action="store_true", help="openpi's decode compiled too (max-autotune)")
     p.add_argument("--kernels", default="eager", choices=KERNELS, help="model.kernels for our policy")
+    p.add_argument("--precision", default="bf16", choices=PRECISIONS,
+                   help="fp8: our decode's prefix pass in FP8 too (rollout.precision=fp8), beside the bf16 one")
     p.add_argument("--steps", type=int, default=2, help="timed RL steps (0: the decode only)")
     p.add_argument("--groups", type=int, default=12)
     p.add_argument("--group-size", type=int, default=8)
@@ -94,8 +103,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--sim-ms", type=float, default=0.0)
     p.add_argument("--dry-run", action="store_true", help="CPU: the whole script at a tiny size, in seconds")
     args = p.parse_args()
-    for name, value in (("lora_rank", 0), ("precision", "bf16"), ("action_head", "tokens"), ("run_algo", ""),
-                        ("max_staleness", 0)):
+    for name, value in (("lora_rank", 0), ("action_head", "tokens"), ("run_algo", ""), ("max_staleness", 0)):
         setattr(args, name, value)  # what rl_step's settings read
     return args
 
@@ -152,23 +160,32 @@ def timed(call, repeats: int, warmup: int, device: torch.device) -> list[float]:
 
 
 def ours_decode(args: argparse.Namespace, device: torch.device, case_dir: Path | None) -> dict:
-    """Our sample_actions and sample_chain timed; the case written for openpi's process when `case_dir`."""
+    """Our sample_actions, sample_chain and prefix pass timed in bf16 (float32 on a CPU), then with `--precision fp8`
+    again with the prefix's products in FP8 as the rollout engine runs them (`models/flow/fp8.py`; emulated on a
+    CPU), by precision; the case written for openpi's process when `case_dir`."""
     spec = spec_of(args)
     torch.manual_seed(0)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     policy = use_kernels(new_policy(spec, dtype, device), args.kernels)
     inputs, noise = decode_case(spec, args.batch, device)
-    with torch.no_grad():
-        actions = policy.sample_actions(inputs, noise.clone()).float().cpu()
-        plain = timed(lambda: policy.sample_actions(inputs, noise.clone()), args.repeats, args.warmup, device)
-        chain = timed(lambda: policy.sample_chain(inputs, noise.clone(), 0.5), args.repeats, args.warmup, device)
-        prefix = timed(lambda: policy.prefix_cache(inputs), args.repeats, args.warmup, device)
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
     flops = {"decode": counted_flops(lambda: policy.sample_actions(inputs, noise.clone())),
              "prefix": counted_flops(lambda: policy.prefix_cache(inputs))}
     if case_dir is not None:
         write_case(case_dir, args, spec, policy, inputs, noise)
-    return {"sample_actions": plain, "sample_chain": chain, "prefix": prefix, "actions": actions, "peak_gib": peak,
+    ways = {}
+    for precision in ("bf16", "fp8") if args.precision == "fp8" else ("bf16",):
+        if precision == "fp8":
+            PrefixFp8(emulate=device.type != "cuda").refresh(policy)
+        with torch.no_grad():
+            ways[precision] = {
+                "actions": policy.sample_actions(inputs, noise.clone()).float().cpu(),
+                "sample_actions": timed(lambda: policy.sample_actions(inputs, noise.clone()), args.repeats,
+                                        args.warmup, device),
+                "sample_chain": timed(lambda: policy.sample_chain(inputs, noise.clone(), 0.5), args.repeats,
+                                      args.warmup, device),
+                "prefix": timed(lambda: policy.prefix_cache(inputs), args.repeats, args.warmup, device)}
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    return {**ways[args.precision], "actions": ways["bf16"]["actions"], "ways": ways, "peak_gib": peak,
             "flops": flops}
 
 
@@ -296,7 +313,9 @@ def rl_steps(args: argparse.Namespace) -> list[dict]:
     else:
         extra = [f"model.pi0.tokenizer={TOKENIZER}", f"model.pi0.action_horizon={args.horizon}",
                  f"model.pi0.num_steps={args.num_steps}", *(["model.pi0.max_token_len=24"] if args.dry_run else [])]
-    cfg = rl_step.trainer_config(args, substeps, shrink=False, extra=extra)
+    gpu = torch.cuda.is_available()
+    steps_args = args if gpu else argparse.Namespace(**{**vars(args), "precision": "bf16"})  # FP8 engines need a GPU
+    cfg = rl_step.trainer_config(steps_args, substeps, shrink=False, extra=extra)
     cap = rl_step.cap_memory(args.memory_gib) if args.memory_gib else "no memory cap"
     start = time.perf_counter()
     trainer = Trainer(cfg, tempfile.mkdtemp(prefix="pi0_scale_"))
@@ -343,11 +362,13 @@ def main(args: argparse.Namespace) -> None:
     ours = ours_decode(args, device, case_dir)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the decode's policy is gone: its memory back before the trainer's
-    lines = ["| decode | median s | calls | max abs diff to ours |", "|---|---|---|---|"]
-    lines.append(f"| ours sample_actions | {statistics.median(ours['sample_actions']):.4f} | "
-                 f"{len(ours['sample_actions'])} | 0 |")
-    lines.append(f"| ours sample_chain (Flow-SDE) | {statistics.median(ours['sample_chain']):.4f} | "
-                 f"{len(ours['sample_chain'])} | |")
+    lines = ["| decode | median s | calls | max abs diff to ours (bf16) |", "|---|---|---|---|"]
+    for precision, way in ours["ways"].items():
+        diff = (way["actions"] - ours["actions"]).abs().max().item()
+        for call in ("sample_actions", "sample_chain", "prefix"):
+            lines.append(f"| ours {call}{' (Flow-SDE)' if call == 'sample_chain' else ''}, {precision} | "
+                         f"{statistics.median(way[call]):.4f} | {len(way[call])} | "
+                         f"{f'{diff:.3g}' if call == 'sample_actions' else ''} |")
     openpi_s = {False: float("nan"), True: float("nan")}
     for compiled in ((False, True) if args.openpi_compile else (False,)) if case_dir else ():
         result = openpi_decode(args, case_dir, compiled)
@@ -382,7 +403,10 @@ def main(args: argparse.Namespace) -> None:
             print(f"| {r['step_s']:.2f} | {r['time/rollout_s']:.2f} | {r['time/update_s']:.2f} | "
                   f"{r['time/sync_s']:.2f} | {r['train/samples']:.0f} | {r['memory/rollout_peak_gib']:.1f} / "
                   f"{r['memory/update_peak_gib']:.1f} / {r['memory/sync_peak_gib']:.1f} |")
-    print(f"pi0_scale: model={args.model} kernels={args.kernels} decode_s={decode_s:.4f} "
+    if "fp8" in ours["ways"]:
+        bf16_s = statistics.median(ours["ways"]["bf16"]["sample_actions"])
+        print(f"decode fp8 prefix: {bf16_s / decode_s:.2f}x the bf16 decode ({bf16_s:.4f} s)", flush=True)
+    print(f"pi0_scale: model={args.model} kernels={args.kernels} precision={args.precision} decode_s={decode_s:.4f} "
           f"openpi_s={openpi_s[False]:.4f} ratio={openpi_s[False] / decode_s:.2f} step_s={step_s:.2f} "
           f"peak_gib={peak:.1f} decode_mfu={flops / decode_s / rate:.3f} "
           f"vs_openpi_compiled={openpi_s[True] / decode_s:.2f} "

@@ -288,19 +288,26 @@ def test_fp8_drift_dry_run_puts_the_fp8_products_beside_bf16s_spread():
     assert 0 < float(figures["fp8_mean"]) <= float(figures["fp8_max"]) < 0.5 and float(figures["fp8_grad_cos"]) > 0.99
 
 
-@pytest.mark.parametrize("model", ["pi0", "smolvla"])
-def test_pi0_scale_dry_run_decodes_and_plays_an_rl_step(model: str):
-    """Each flow family at toy size: the decode, its FLOPs split, one RL step and the update alone."""
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pi0_scale.py"), "--dry-run", "--model", model],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=script_env())
+@pytest.mark.parametrize(("model", "precision"), [("pi0", "bf16"), ("smolvla", "fp8")])
+def test_pi0_scale_dry_run_decodes_and_plays_an_rl_step(model: str, precision: str):
+    """Each flow family at toy size: the decode (SmolVLA's also with its prefix in FP8, emulated, beside bf16), its
+    FLOPs split, one RL step and the update alone."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pi0_scale.py"), "--dry-run", "--model", model,
+                           "--precision", precision], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=script_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert any(line.startswith("| ours sample_actions | ") for line in lines)
-    assert any(line.startswith("| ours sample_chain (Flow-SDE) | ") for line in lines)
+    for way in ("bf16", "fp8") if precision == "fp8" else ("bf16",):
+        row = next(line for line in lines if line.startswith(f"| ours sample_actions, {way} | "))
+        diff = float(row.strip("| ").split(" | ")[3])
+        assert diff == 0 if way == "bf16" else 0 < diff < 0.1, row  # FP8's actions near, not equal to, bf16's
+        assert any(line.startswith(f"| ours sample_chain (Flow-SDE), {way} | ") for line in lines)
+        assert any(line.startswith(f"| ours prefix, {way} | ") for line in lines)
     assert any(line.startswith("update alone on ") for line in lines)
-    assert re.fullmatch(rf"pi0_scale: model={model}_tiny kernels=eager decode_s=\d+\.\d{{4}} openpi_s=nan ratio=nan "
-                        r"step_s=\d+\.\d\d peak_gib=nan decode_mfu=\d+\.\d{3} vs_openpi_compiled=nan "
-                        r"vs_openpi_eager=nan", lines[-1])
+    assert (precision == "fp8") == any(line.startswith("decode fp8 prefix: ") for line in lines)
+    assert re.fullmatch(rf"pi0_scale: model={model}_tiny kernels=eager precision={precision} decode_s=\d+\.\d{{4}} "
+                        r"openpi_s=nan ratio=nan step_s=\d+\.\d\d peak_gib=nan decode_mfu=\d+\.\d{3} "
+                        r"vs_openpi_compiled=nan vs_openpi_eager=nan", lines[-1])
     assert any(line.startswith("decode FLOPs: ") for line in lines)
     split = next(line for line in lines if line.startswith("decode split: "))
     assert re.fullmatch(r"decode split: prefix pass \d+\.\d{4} s, \d+\.\d\d TFLOP, \d+\.\d% of the matmul rate; "

@@ -18,7 +18,9 @@ fallback: `fp8_problem` names a device that cannot multiply FP8 and the engine r
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
@@ -31,6 +33,7 @@ E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # the largest finite e4m3 value
 MIN_SCALE = 1e-12  # an all-zero row keeps a finite scale and quantises to zeros
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first CUDA devices with FP8 tensor cores
+F = TypeVar("F", bound=Callable[..., object])
 
 
 class Fp8Matrix(NamedTuple):
@@ -49,6 +52,15 @@ def quantise_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=MIN_SCALE) / E4M3_MAX
     data = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
     return data, scale.squeeze(-1)
+
+
+@functools.cache
+def fused(fn: F) -> F:
+    """`fn` (a quantisation) compiled once per process: the amax, the scaling and the cast (and any transpose or
+    padding before them) fused into a kernel or two that read the operand once, where eager runs each as a pass of
+    its own over it, passes that cost more than the FP8 products save (docs/performance.md). For CUDA tensors; the
+    arithmetic is `fn`'s."""
+    return torch.compile(fn, dynamic=True)  # type: ignore[return-value]
 
 
 def dequantise(data: Tensor, scale: Tensor) -> Tensor:

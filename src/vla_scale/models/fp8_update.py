@@ -28,22 +28,18 @@ gradient's contraction runs over every token of a micro-batch, thousands of prod
 
 On CUDA the products run through `torch._scaled_mm` with the row scales in its epilogue (output in the activations'
 dtype, bf16), and each quantisation (the amax, the scaling, the cast, and for the weight gradient's operands the
-transpose and the padding) is one compiled function (`_fused`): run eagerly, each is a pass of its own over the
-operand, and those passes cost more than the FP8 products save (docs/performance.md). `fp8_emulated` runs the
-same quantisation and multiplies the dequantised values in float32 on any device: what the CPU tests and dry runs
-check; it is chosen by name, never as a fallback (`update_problem`).
+transpose and the padding) is one compiled function (`models/fp8.fused`). `fp8_emulated` runs the same
+quantisation and multiplies the dequantised values in float32 on any device: what the CPU tests and dry runs check;
+it is chosen by name, never as a fallback (`update_problem`).
 """
 
 from __future__ import annotations
-
-import functools
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vla_scale.models.fp8 import dequantise, fp8_problem, quantise_rows
+from vla_scale.models.fp8 import dequantise, fp8_problem, fused, quantise_rows
 from vla_scale.models.lora import LoRALinear
 
 UPDATE_PRECISIONS = ("bf16", "fp8", "fp8_emulated")
@@ -87,22 +83,15 @@ def _token_rows(t: Tensor, align: int) -> tuple[Tensor, Tensor]:
     return _rows(F.pad(rows, (0, pad)) if pad else rows)
 
 
-@functools.cache
-def _fused(fn: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., tuple[Tensor, Tensor]]:
-    """`fn` compiled once per process: the amax, the scaling, the cast (and the transpose and the padding) fused into
-    a kernel or two that read the operand once, where eager runs each as a pass over it."""
-    return torch.compile(fn, dynamic=True)
-
-
 def _quantised(t: Tensor, emulate: bool) -> tuple[Tensor, Tensor]:
     """`_rows(t)`, fused on a GPU (the same arithmetic elsewhere: the CPU checks of the CUDA path run it eager)."""
-    return _fused(_rows)(t) if t.is_cuda and not emulate else _rows(t)
+    return fused(_rows)(t) if t.is_cuda and not emulate else _rows(t)
 
 
 def _quantised_over_tokens(t: Tensor, emulate: bool) -> tuple[Tensor, Tensor]:
     """`_token_rows(t)`, padded for the tensor cores unless `emulate`, fused on a GPU."""
     align = 1 if emulate else ALIGN
-    return _fused(_token_rows)(t, align) if t.is_cuda and not emulate else _token_rows(t, align)
+    return fused(_token_rows)(t, align) if t.is_cuda and not emulate else _token_rows(t, align)
 
 
 def _product(a: Tensor, scale_a: Tensor, b: Tensor, scale_b: Tensor, out_dtype: torch.dtype, fast: bool,

@@ -143,8 +143,9 @@ class ChunkDecoder(Protocol):
     """How the rollout engine decodes a family's batch with its own copy of the policy (`RolloutEngine(decoder=)`)."""
 
     def fp8_weights(self, emulate: bool) -> Any:
-        """The FP8 copies of the policy's matrices that `fast_forward` multiplies with `rollout.precision=fp8` (an
-        object with `refresh(policy)`, `release()` and `nbytes()`), or None where the family has no FP8 products."""
+        """The FP8 copies of the policy's matrices that its decode multiplies with under `rollout.precision=fp8` (an
+        object with `refresh(policy)`, `release()`, `nbytes()` and `needs_fast_forward`: whether only `fast_forward`
+        uses them, or the policy's own forward), or None where the family has no FP8 products."""
         ...
 
     def fast_forward(self, policy: nn.Module, compile: bool, fp8: Any) -> Callable[..., Tensor] | None:

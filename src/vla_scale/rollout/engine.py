@@ -21,7 +21,8 @@ or from trainer rank 0 over an update group, received by a `WeightReceiver` that
 engine shares a GPU with the actor, `release_memory_occupation` frees its weights during the update and
 `resume_memory_occupation` takes the memory back for the sync that follows.
 
-`precision="fp8"` (`rollout.precision`): the fast forward multiplies in FP8 (`models/oft/fp8.py`). The engine still
+`precision="fp8"` (`rollout.precision`): the family's products multiply in FP8: OFT's fast forward
+(`models/oft/fp8.py`), the flow families' prefix pass (`models/flow/fp8.py`). The engine still
 receives and holds the actor's weights exactly (the sync compares and fingerprints them); before the first forward
 after a sync it quantises them into FP8 copies, so its log-probs are those of a slightly different policy, which the
 trainer treats as the behaviour policy.
@@ -100,11 +101,13 @@ class RolloutEngine:
         use_fast = wants_fast if fast is None else fast
         compiled = on_gpu if compile is None else compile
         self.fast = decoder.fast_forward(self.policy, compiled, self.fp8) if use_fast else None
-        if self.fast is None and (fast or precision == "fp8"):
+        fp8_fast = self.fp8 is not None and self.fp8.needs_fast_forward
+        if self.fast is None and (fast or fp8_fast):
             why = "fast=False turns it off" if fast is False else "this policy has none (OFT's Llama policies with " \
                 "a silu MLP have one)"
-            raise ValueError(f"rollout.precision=fp8 and fast=True run on the engine's fast path, and {why}: use "
-                             "rollout.precision=bf16")
+            what = "rollout.precision=fp8 and fast=True run" if fp8_fast else "fast=True runs"
+            raise ValueError(f"{what} on the engine's fast path, and {why}: use "
+                             f"{'rollout.precision=bf16' if fp8_fast else 'fast=None'}")
         self.pin_memory = on_gpu if pin_memory is None else pin_memory
         self._staging: dict[str, Tensor] = {}
         self.released = False
@@ -161,9 +164,9 @@ class RolloutEngine:
         chunk*action_dim, n_bins] or the l1 head's [B, K, 2]) of a batch already on the device, from its own forward
         or the fast forward. `prompt_lengths` (the fast path's packing, read from the host's copy of the mask)
         spares reading them back from the device."""
+        self.quantise()
         if self.fast is None:
             return self.policy(batch).float()
-        self.quantise()
         return self.fast(batch.pixel_values, batch.input_ids, batch.attention_mask, batch.proprio, prompt_lengths)
 
     @torch.no_grad()
@@ -183,6 +186,7 @@ class RolloutEngine:
         if self.released or self._awaiting_sync:
             raise RuntimeError("the rollout engine holds no weights: sync them from the actor before decoding "
                                "(after resume_memory_occupation every weight must be pushed again)")
+        self.quantise()
         tokens, logprobs, actions, sampled = self.decoder.decode(self, batch, temperature, greedy)
         return Decoded(tokens, logprobs, actions, self.version, sampled)
 

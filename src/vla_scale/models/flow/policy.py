@@ -190,6 +190,11 @@ class FlowPolicy(ServesMerged, nn.Module):
         sampling's pass; the update's keeps every slot)."""
         raise NotImplementedError
 
+    def prefix_blocks(self) -> list[nn.Module]:
+        """The modules of blocks the prefix pass runs (the vision tower's encoder layers, the VLM's decoder layers),
+        whose linear layers the rollout engine may multiply in FP8 (`models/flow/fp8.py`)."""
+        raise NotImplementedError
+
     def suffix_rows(self, state: Tensor, prefix_pad: Tensor, cache: PrefixCache, x_t: Tensor, time: Tensor) -> Tensor:
         """The expert's output rows at the actions [B, H, expert width] (after its final norm) at (x_t, time [B]),
         attending to the prefix's cache: what the velocity and the noise head read."""

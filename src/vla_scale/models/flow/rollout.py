@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vla_scale.envs.types import Observation
+from vla_scale.models.flow.fp8 import PrefixFp8
 from vla_scale.models.flow.layout import FlowLayout, Normalizer, PromptTokenizer, pad_last, pixels_from_uint8
 from vla_scale.models.flow.policy import FlowChain, FlowInputs, FlowPolicy
 from vla_scale.models.flow.settings import RL_NOISES, resolved_stochastic_steps
@@ -176,9 +177,9 @@ class FlowDecoder:
                                    mask=mask)
 
     @staticmethod
-    def fp8_weights(emulate: bool) -> None:
-        """None: no FP8 products (the engine refuses `rollout.precision=fp8` for a flow family)."""
-        return None
+    def fp8_weights(emulate: bool) -> PrefixFp8:
+        """The FP8 copies of the prefix's matrices (`models/flow/fp8.py`), which the policy's own passes use."""
+        return PrefixFp8(emulate)
 
     @staticmethod
     def fast_forward(policy: nn.Module, compile: bool, fp8: Any) -> None:

@@ -49,6 +49,9 @@ def _stacked_bias(*linears: torch.nn.Module) -> Tensor | None:
 class Fp8Weights:
     """The FP8 copies of a policy's ViT and Llama matrices, refreshed from its bf16 weights after each sync."""
 
+    needs_fast_forward = True
+    """Only the fast forward (`models/oft/fast_forward.py`) multiplies with them."""
+
     def __init__(self, emulate: bool = False):
         self.emulate = emulate
         self.towers: dict[int, list[Fp8Vit]] = {}  # by id() of the ViT module

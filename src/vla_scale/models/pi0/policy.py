@@ -183,6 +183,11 @@ class Pi0Policy(FlowPolicy):
         assert out is not None
         return cache, pad, out
 
+    def prefix_blocks(self) -> list[nn.Module]:
+        """SigLIP's encoder layers and PaliGemma's Gemma layers (the expert's run in the suffix passes)."""
+        backbone = self.paligemma_with_expert
+        return [backbone.paligemma.model.vision_tower.vision_model.encoder.layers, backbone.language_model.layers]
+
     def suffix_rows(self, state: Tensor, prefix_pad: Tensor, cache: KVCache, x_t: Tensor, time: Tensor) -> Tensor:
         """The expert's output rows at the actions [B, H, width] (after its final norm) at (x_t, time [B]), the
         suffix attending to the prefix's cache: what the velocity and the noise head read."""

@@ -167,6 +167,11 @@ class SmolVLAPolicy(FlowPolicy):
         assert out is not None
         return cache, pad, out
 
+    def prefix_blocks(self) -> list[nn.Module]:
+        """The SmolVLM tower's encoder layers and the VLM's decoder layers (the expert's run in the suffix passes)."""
+        vlm = self.vlm_with_expert.vlm.model
+        return [vlm.vision_model.encoder.layers, vlm.text_model.layers]
+
     def suffix_rows(self, state: Tensor, prefix_pad: Tensor, cache: PrefixCache, x_t: Tensor, time: Tensor) -> Tensor:
         """The expert's output rows at the actions [B, H, expert width] (after its final norm) at (x_t, time [B]),
         attending to the prefix's cache (`state` unused: SmolVLA's state is a prefix token)."""
