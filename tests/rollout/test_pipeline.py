@@ -205,11 +205,12 @@ def test_workers_in_this_process_are_no_ray_actors_and_play_as_the_actors_do(par
             else:
                 assert all(isinstance(w, ray.actor.ActorHandle) for w in fleet.workers.workers)
                 assert os.getpid() not in {psutil.Process(pid).ppid() for pid in fleet.pids()}  # the actors' children
-            # the simulator processes' resident sets, read where they run, as psutil reads them here
-            for pid, size in zip(fleet.pids(), fleet.rss(), strict=True):
-                assert size > 2**20 and abs(size - psutil.Process(pid).memory_info().rss) < 2**24, (pid, size)
             engine.generator.set_state(start)
             played[in_process] = EnvLoop(fleet, engine, processor, max_chunks=6).run(tasks, uids, temperature=1.0)
+            # the simulator processes' resident sets, read where they run, as psutil reads them here (after they
+            # played: a process just started may not have loaded its interpreter yet)
+            for pid, size in zip(fleet.pids(), fleet.rss(), strict=True):
+                assert size > 2**20 and abs(size - psutil.Process(pid).memory_info().rss) < 2**24, (pid, size)
         finally:
             fleet.close()
     for here, actor in zip(played[True], played[False], strict=True):

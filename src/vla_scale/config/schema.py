@@ -142,9 +142,9 @@ class RolloutConfig:
     """Pipeline stages S: while one stage's simulators run, the next stage is decoded (1: sequential)."""
     precision: str = "bf16"
     """The rollout engine's matrix products: bf16 (the weights' own dtype) or fp8 (e4m3 with per-channel weight and
-    per-row activation scales, on FP8 tensor cores: compute capability 8.9+, e.g. H100/H200; a faster decode whose
-    log-probs are those of a slightly different policy, so it needs algo.old_logprobs=recompute; README, FP8
-    rollouts)."""
+    per-row activation scales, on FP8 tensor cores: compute capability 8.9+, e.g. H100/H200; OFT's fast forward,
+    or the flow families' prefix pass: the vision tower's and the VLM's layers; log-probs of a slightly different
+    policy, so it needs algo.old_logprobs=recompute; what it gains per family: README, FP8 rollouts)."""
 
 
 @dataclass
@@ -391,7 +391,8 @@ class DeepSpeedConfig:
     own dtype), fp8 (e4m3 on FP8 tensor cores, each operand scaled per row along its product's contraction, the
     gradients e4m3 too; compute capability 8.9+, deepspeed.bf16=true; master weights and optimizer states as they
     are) or fp8_emulated (the same quantisation multiplied in float32, any device: CPU checks). Embeddings, norms,
-    projectors and heads keep their dtype (`models/fp8_update.py`)."""
+    projectors and heads keep their dtype (`models/fp8_update.py`). At the 7B shape on an H100 fp8 is slower than
+    bf16 and moves the log-probs ten times as far as bf16's own spread (README, FP8 in the update)."""
 
 
 @dataclass
