@@ -7,7 +7,9 @@ The prefix is nearly all of a chunk decode's arithmetic (π0 at openpi's shapes:
 observation; the K denoising steps of the action expert, the embeddings, the projectors and the norms keep the
 engine's dtype. Each layer's class is swapped in place for `Fp8PrefixLinear` while the copies exist and swapped back
 by `release`, so the engine's policy and its weights stay the objects the sync writes, compares and fingerprints.
-Its input is quantised per row (`models/fp8.fp8_linear`), by one compiled function on a GPU (`models/fp8.fused`).
+Its input is quantised per row as `models/fp8.fp8_linear` quantises it, by one compiled function on a GPU
+(`models/fp8.fused`). At π0's shape on an H100 this pass is not faster than bf16's yet: the casts and launches around
+each product cost what FP8 saves on it (docs/performance.md, "FP8 where the H100 pays, measured").
 
 The rollout's log-probs are then those of a slightly different policy than the actor's bf16 one; the trainer treats
 them as the behaviour policy's, as it does OFT's FP8 rollouts (`train/mismatch_*`, `algo.tis_cap`).
