@@ -49,7 +49,7 @@ def test_sft_rl_dry_run_runs_the_six_commands_and_prints_a_line_per_seed(tmp_pat
 def test_sft_rl_runs_the_mt10_recipe_and_reports_each_task(tmp_path):
     """The MT10 pipeline at toy sizes (two tasks, 60-step episodes: reach's expert succeeds, push's not; 32 px), π0
     and GRPO: the experts' demonstrations, one SFT stage, the evaluations' per-task table and the line naming env,
-    family and algo; then the same seed again, every weight equal."""
+    family and algo; then the same seed's RL again from the same fine-tuned policy, every weight equal."""
     pytest.importorskip("metaworld", reason="Meta-World is not installed: `make metaworld`")
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sft_rl.py"), "--dry-run", "--env",
                            "metaworld_mt10", "--obs", "agent_goal", "--family", "pi0", "--algo", "grpo", "--seeds",
@@ -64,16 +64,16 @@ def test_sft_rl_runs_the_mt10_recipe_and_reports_each_task(tmp_path):
     rows = [line for line in lines if line.startswith("| reach-v3") or line.startswith("| push-v3")]
     assert len(rows) == 2 and all(re.fullmatch(r"\| \S+ \| \d\.\d\d -> \d\.\d\d \|", r) for r in rows), rows
 
-    # the same seed again on the same demonstrations (deterministic=true in every command): the same fine-tuned and
-    # RL weights, bit for bit
+    # the same seed's RL again from the same fine-tuned policy (deterministic=true in every command): the same RL
+    # weights, bit for bit (a fine-tune's own repeatability: tests/sft/test_pi0_sft.py's resume)
     again = tmp_path / "again"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sft_rl.py"), "--dry-run", "--env",
                            "metaworld_mt10", "--obs", "agent_goal", "--family", "pi0", "--algo", "grpo", "--seeds",
-                           "3", "--demos-from", str(tmp_path), "--out", str(again)], cwd=ROOT, env=script_env(),
+                           "3", "--sft-from", str(tmp_path), "--out", str(again)], cwd=ROOT, env=script_env(),
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1].rsplit(" minutes=")[0] == lines[-1].rsplit(" minutes=")[0]
-    for phase in ("sft", "rl"):
+    for phase in ("rl",):
         ours = sorted((tmp_path / "seed_3" / phase / "checkpoints").rglob("*.safetensors"))
         theirs = sorted((again / "seed_3" / phase / "checkpoints").rglob("*.safetensors"))
         assert ours and [p.relative_to(tmp_path) for p in ours] == [p.relative_to(again) for p in theirs]
